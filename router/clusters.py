@@ -1,0 +1,259 @@
+"""Connections to the configured clusters, and what each one says about itself.
+
+One :class:`pymongo.MongoClient` per cluster (clients are thread-safe and pool
+their connections). :class:`Clusters` loads every cluster's ``metadata``
+document concurrently and builds the :class:`~router.timemap.TimeMap`, reporting
+every problem at once. Driver errors leave this module as
+:class:`~router.errors.ClusterUnavailable` naming the cluster, never its URI.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import attrs
+from pymongo import ASCENDING, DESCENDING, MongoClient
+from pymongo.collection import Collection
+from pymongo.errors import ConfigurationError, PyMongoError
+
+from .config import ClusterConfig, RouterConfig, redact_uri
+from .errors import ClusterUnavailable, InvalidItem, MetadataError
+from .model import ClusterMeta
+from .timemap import TimeMap
+
+__all__ = ["Cluster", "Clusters", "Capabilities", "FEED_INDEXES", "driver_error"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: The indexes every cluster's feed collection needs: the newest-first page of one
+#: receiver, and every copy of one item (deletes).
+FEED_INDEXES: tuple[tuple[str, list[tuple[str, int]]], ...] = (
+    ("receiver_time_id", [("receiver_id", ASCENDING), ("event_time", DESCENDING), ("_id", DESCENDING)]),
+    ("data_key", [("data_key", ASCENDING)]),
+)
+
+#: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml.
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "serverSelectionTimeoutMS": 5000,
+    "connectTimeoutMS": 5000,
+    "appname": "feed-router",
+}
+
+
+def driver_error(cluster: str, exc: BaseException, *, doing: str) -> ClusterUnavailable:
+    """A :class:`ClusterUnavailable` for a driver error, with any URI password redacted.
+
+    Raise it ``from exc`` so the driver's traceback stays attached.
+    """
+    text = str(exc).split("\n", 1)[0]
+    text = " ".join(redact_uri(w) for w in text.split(" "))
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")
+
+
+@attrs.frozen
+class Capabilities:
+    """What a server can do; MongoDB-only steps check these instead of failing at random.
+
+    ``sharded`` is true for a mongos (``hello`` answers ``msg: "isdbgrid"``);
+    ``server`` is ``"ferretdb"`` or ``"mongodb"``.
+    """
+
+    sharded: bool
+    server: str
+    version: str
+
+
+class Cluster:
+    """One configured cluster: its name, client and collections.
+
+    Example::
+
+        cluster = Cluster(config.clusters[0], config)
+        cluster.ping()
+        cluster.feed.count_documents({})
+    """
+
+    def __init__(self, spec: ClusterConfig, config: RouterConfig) -> None:
+        self.name = spec.name
+        self.spec = spec
+        options = {**DEFAULT_OPTIONS, **spec.options, "tz_aware": True}
+        try:
+            self.client: MongoClient[dict[str, Any]] = MongoClient(spec.uri, **options)
+        except (ConfigurationError, ValueError, TypeError) as exc:
+            raise driver_error(self.name, exc, doing="configuring the client") from exc
+        db = self.client[config.database]
+        self.feed: Collection[dict[str, Any]] = db[config.feed_collection]
+        self.metadata: Collection[dict[str, Any]] = db[config.metadata_collection]
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
+
+    def call(self, doing: str, fn: Callable[[], T]) -> T:
+        """Run *fn*, turning any driver error into :class:`ClusterUnavailable` naming this cluster."""
+        try:
+            return fn()
+        except PyMongoError as exc:
+            raise driver_error(self.name, exc, doing=doing) from exc
+
+    def ping(self) -> None:
+        """Round-trip to the server; raise :class:`ClusterUnavailable` if it does not answer."""
+        self.call("ping", lambda: self.client.admin.command("ping"))
+
+    def capabilities(self) -> Capabilities:
+        """Ask the server what it is (``hello`` and ``buildInfo``)."""
+        hello = self.call("hello", lambda: self.client.admin.command("hello"))
+        info = self.call("buildInfo", lambda: self.client.admin.command("buildInfo"))
+        ferret = "ferretdbVersion" in info
+        return Capabilities(
+            sharded=hello.get("msg") == "isdbgrid",
+            server="ferretdb" if ferret else "mongodb",
+            version=str(info.get("ferretdbVersion") if ferret else info.get("version")),
+        )
+
+    def ensure_indexes(self) -> None:
+        """Create the feed indexes (a no-op when they exist)."""
+        for name, keys in FEED_INDEXES:
+            try:
+                self.feed.create_index(keys, name=name)
+            except PyMongoError as exc:
+                raise driver_error(self.name, exc, doing=f"creating index {name}") from exc
+
+    def metadata_documents(self) -> list[dict[str, Any]]:
+        """Every document in this cluster's metadata collection (a valid cluster has one)."""
+        return self.call("reading metadata", lambda: list(self.metadata.find({}, limit=10)))
+
+    def write_meta(self, meta: ClusterMeta) -> None:
+        """Store *meta* as this cluster's metadata document (upsert on ``_id``)."""
+        if meta.name != self.name:
+            raise InvalidItem("name", f"must be the cluster's name {self.name!r} (got {meta.name!r})")
+        doc = meta.to_document()
+        self.call("writing metadata", lambda: self.metadata.replace_one({"_id": doc["_id"]}, doc, upsert=True))
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self.client.close()
+
+
+class Clusters:
+    """Every configured cluster, with a thread pool to ask them all at once.
+
+    Example::
+
+        with Clusters(load_config("clusters.yaml")) as clusters:
+            timemap = clusters.load_timemap()
+    """
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self._by_name: dict[str, Cluster] = {}
+        try:
+            for spec in config.clusters:
+                self._by_name[spec.name] = Cluster(spec, config)
+        except ClusterUnavailable:
+            self.close()
+            raise
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._by_name)), thread_name_prefix="feed-router")
+
+    def __getitem__(self, name: str) -> Cluster:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[Cluster]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    @property
+    def names(self) -> list[str]:
+        """The cluster names in configuration order."""
+        return list(self._by_name)
+
+    def each(self, fn: Callable[[Cluster], T], names: Sequence[str] | None = None) -> dict[str, T | ClusterUnavailable]:
+        """Run *fn* on each named cluster concurrently; a failure is returned, not raised.
+
+        Errors other than :class:`ClusterUnavailable` propagate (they are bugs or bad input).
+        """
+        targets = [self._by_name[n] for n in (self._by_name if names is None else names)]
+        futures = [self._pool.submit(fn, c) for c in targets]
+        results: dict[str, T | ClusterUnavailable] = {}
+        for cluster, future in zip(targets, futures):
+            error = future.exception()
+            if error is None:
+                results[cluster.name] = future.result()
+            elif isinstance(error, ClusterUnavailable):
+                results[cluster.name] = error
+            else:
+                raise error
+        return results
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the shared pool (one worker per cluster); returns a Future."""
+        return self._pool.submit(fn, *args)
+
+    def load_timemap(self) -> TimeMap:
+        """Read every cluster's metadata and build the time map.
+
+        Raises :class:`ClusterUnavailable` naming every unreachable cluster, or
+        :class:`MetadataError` listing every problem: no or several metadata
+        documents, an ``_id`` that is not the configured name, a malformed field,
+        overlapping periods, more than one open-ended period.
+        """
+        answers = self.each(lambda c: c.metadata_documents())
+        down = {n: r for n, r in answers.items() if isinstance(r, ClusterUnavailable)}
+        if down:
+            first = next(iter(down.values()))
+            if len(down) == 1:
+                raise first
+            raise ClusterUnavailable(
+                ", ".join(down), "unreachable at start-up: " + "; ".join(str(e) for e in down.values())
+            ) from first
+        problems: list[str] = []
+        metas: list[ClusterMeta] = []
+        coll = f"{self.config.database}.{self.config.metadata_collection}"
+        for name, docs in answers.items():
+            assert not isinstance(docs, ClusterUnavailable)
+            if not docs:
+                problems.append(f"cluster {name!r}: no metadata document in {coll}")
+                continue
+            if len(docs) > 1:
+                ids = ", ".join(repr(d.get("_id")) for d in docs)
+                problems.append(f"cluster {name!r}: {len(docs)} metadata documents in {coll} (expected one; _ids {ids})")
+                continue
+            doc = docs[0]
+            if doc.get("_id") != name:
+                problems.append(
+                    f"cluster {name!r}: metadata _id {doc.get('_id')!r} does not match the configured name {name!r}"
+                )
+                continue
+            try:
+                metas.append(ClusterMeta.from_document(doc))
+            except (InvalidItem, TypeError, ValueError) as exc:
+                problems.append(f"cluster {name!r}: metadata.{exc}")
+        if not problems:
+            problems = TimeMap.problems(metas)
+        if problems:
+            raise MetadataError(problems)
+        timemap = TimeMap(metas)
+        for end, start in timemap.gaps:
+            log.warning("time map has a gap from %s to %s: writes in it will fail", end.isoformat(), start.isoformat())
+        return timemap
+
+    def close(self) -> None:
+        """Close every client and the thread pool."""
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for c in self._by_name.values():
+            c.close()
+
+    def __enter__(self) -> Clusters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

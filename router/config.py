@@ -1,0 +1,337 @@
+"""``clusters.yaml``: which clusters exist and how to reach them.
+
+Pure module (no pymongo). Loading validates the whole file and reports every
+problem at once, each as ``clusters.yaml:LINE:COL: path.to.field: what is wrong
+(got VALUE)``, in a single :class:`~router.errors.ConfigError`.
+
+Example file::
+
+    database: feed                 # default "feed"
+    collections:                   # defaults shown
+      feed: feed
+      metadata: metadata
+    read_window:                   # optional; no limit when absent
+      clusters: 3                  # the 3 most recent started periods
+      max_age: 400d                # and/or periods that ended less than 400 days ago
+    write:
+      batch_size: 1000             # documents per insert_many
+    clusters:
+      - name: cluster_1
+        uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
+        options: {serverSelectionTimeoutMS: 5000, maxPoolSize: 50}
+
+Strings may use ``${VAR}`` or ``${VAR:-default}``; a variable that is unset (and has
+no default) is a config error. Secrets belong in the environment, not the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from .errors import ConfigError, ConfigProblem
+from .timemap import ReadWindow
+
+__all__ = ["ClusterConfig", "RouterConfig", "load_config", "parse_config", "redact_uri", "DRIVER_OPTIONS"]
+
+#: Driver options a cluster may set, with the type each must have.
+DRIVER_OPTIONS: Mapping[str, type | tuple[type, ...]] = {
+    "appname": str,
+    "authSource": str,
+    "authMechanism": str,
+    "compressors": str,
+    "connectTimeoutMS": int,
+    "directConnection": bool,
+    "maxIdleTimeMS": int,
+    "maxPoolSize": int,
+    "minPoolSize": int,
+    "password": str,
+    "readPreference": str,
+    "replicaSet": str,
+    "retryReads": bool,
+    "retryWrites": bool,
+    "serverSelectionTimeoutMS": int,
+    "socketTimeoutMS": int,
+    "timeoutMS": int,
+    "tls": bool,
+    "tlsAllowInvalidCertificates": bool,
+    "tlsCAFile": str,
+    "tlsCertificateKeyFile": str,
+    "username": str,
+    "w": (int, str),
+    "waitQueueTimeoutMS": int,
+}
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_USERINFO = re.compile(r"^(mongodb(?:\+srv)?://)([^@/]*)@")
+
+
+def redact_uri(uri: str) -> str:
+    """*uri* with any password replaced by ``***`` (the user name is kept)."""
+    m = _USERINFO.match(uri)
+    if not m or ":" not in m.group(2):
+        return uri
+    user = m.group(2).split(":", 1)[0]
+    return f"{m.group(1)}{user}:***@{uri[m.end():]}"
+
+
+@attrs.frozen(kw_only=True)
+class ClusterConfig:
+    """One cluster from ``clusters.yaml``: its name, URI and driver options.
+
+    ``repr()`` and :attr:`display_uri` never show the password.
+    """
+
+    name: str
+    uri: str = attrs.field(repr=redact_uri)
+    options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @property
+    def display_uri(self) -> str:
+        """The URI safe to print or log."""
+        return redact_uri(self.uri)
+
+
+@attrs.frozen(kw_only=True)
+class RouterConfig:
+    """Everything ``clusters.yaml`` says, validated.
+
+    Example::
+
+        config = load_config("clusters.yaml")
+        [c.name for c in config.clusters]     # ['cluster_1', 'cluster_2', 'cluster_3']
+    """
+
+    clusters: tuple[ClusterConfig, ...]
+    database: str = "feed"
+    feed_collection: str = "feed"
+    metadata_collection: str = "metadata"
+    read_window: ReadWindow = attrs.field(factory=ReadWindow)
+    batch_size: int = 1000
+    source: str = "<config>"
+
+    def cluster(self, name: str) -> ClusterConfig:
+        """The configured cluster called *name* (``KeyError`` if there is none)."""
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+class _Reader:
+    """Walks a composed YAML node tree, converting values and collecting problems."""
+
+    def __init__(self, source: str, env: Mapping[str, str]) -> None:
+        self.source = source
+        self.env = env
+        self.problems: list[ConfigProblem] = []
+        self._constructor = yaml.SafeLoader("")
+
+    def problem(self, node: yaml.Node | None, path: str, message: str) -> None:
+        line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (0, 0)
+        self.problems.append(ConfigProblem(self.source, line, col, path, message))
+
+    def mapping(self, node: yaml.Node, path: str, allowed: set[str] | None) -> dict[str, yaml.Node] | None:
+        if not isinstance(node, yaml.MappingNode):
+            self.problem(node, path, f"must be a mapping (got {self._show(node)})")
+            return None
+        out: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            sub = f"{path}.{key}" if path else str(key)
+            if not isinstance(key, str) or key_node.tag != "tag:yaml.org,2002:str":
+                self.problem(key_node, path or "<top>", f"keys must be strings (got {self._show(key_node)})")
+            elif key in out:
+                self.problem(key_node, sub, "duplicate key")
+            elif allowed is not None and key not in allowed:
+                self.problem(key_node, sub, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+            else:
+                out[key] = value_node
+        return out
+
+    def value(self, node: yaml.Node, path: str) -> Any:
+        """A scalar's Python value, with ``${VAR}`` interpolated in strings."""
+        if not isinstance(node, yaml.ScalarNode):
+            self.problem(node, path, f"must be a single value (got {self._show(node)})")
+            return None
+        value = self._constructor.construct_object(node, deep=True)
+        if isinstance(value, str):
+            value = self._interpolate(node, path, value)
+        return value
+
+    def string(self, node: yaml.Node, path: str, *, pattern: re.Pattern[str] | None = None, hint: str = "") -> str | None:
+        value = self.value(node, path)
+        if value is None and not isinstance(node, yaml.ScalarNode):
+            return None
+        if not isinstance(value, str) or not value:
+            self.problem(node, path, f"must be a non-empty string (got {value!r})")
+            return None
+        if pattern is not None and not pattern.match(value):
+            self.problem(node, path, f"{hint} (got {value!r})")
+            return None
+        return value
+
+    def integer(self, node: yaml.Node, path: str, *, minimum: int) -> int | None:
+        value = self.value(node, path)
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(node, yaml.ScalarNode):
+                self.problem(node, path, f"must be an integer (got {value!r})")
+            return None
+        if value < minimum:
+            self.problem(node, path, f"must be at least {minimum} (got {value!r})")
+            return None
+        return value
+
+    def _interpolate(self, node: yaml.Node, path: str, text: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in self.env:
+                return self.env[name]
+            if default is not None:
+                return default
+            self.problem(node, path, f"environment variable {name} is not set (got {m.group(0)!r})")
+            return ""
+
+        return _ENV.sub(sub, text)
+
+    @staticmethod
+    def _show(node: yaml.Node) -> str:
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        return repr(node.value)
+
+
+def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Parse and validate ``clusters.yaml`` text; raise :class:`ConfigError` listing every problem."""
+    r = _Reader(source, os.environ if env is None else env)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
+        raise ConfigError([ConfigProblem(source, line, col, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    if root is None:
+        raise ConfigError([ConfigProblem(source, 0, 0, "", "the file is empty; it needs at least a 'clusters' list")])
+    top = r.mapping(root, "", {"database", "collections", "read_window", "write", "clusters"})
+    if top is None:
+        raise ConfigError(r.problems)
+
+    kwargs: dict[str, Any] = {"source": source}
+    if "database" in top:
+        kwargs["database"] = r.string(top["database"], "database", pattern=re.compile(r"^[^/\\. \"$]{1,63}$"), hint="must be a MongoDB database name")
+    if "collections" in top:
+        cols = r.mapping(top["collections"], "collections", {"feed", "metadata"}) or {}
+        for key in ("feed", "metadata"):
+            if key in cols:
+                kwargs[f"{key}_collection"] = r.string(cols[key], f"collections.{key}", pattern=re.compile(r"^[^$\x00]{1,120}$"), hint="must be a collection name")
+        if kwargs.get("feed_collection") and kwargs.get("feed_collection") == kwargs.get("metadata_collection"):
+            r.problem(cols.get("metadata"), "collections.metadata", f"must differ from collections.feed (got {kwargs['metadata_collection']!r})")
+    if "read_window" in top:
+        kwargs["read_window"] = _read_window(r, top["read_window"])
+    if "write" in top:
+        write = r.mapping(top["write"], "write", {"batch_size"}) or {}
+        if "batch_size" in write:
+            kwargs["batch_size"] = r.integer(write["batch_size"], "write.batch_size", minimum=1)
+    clusters: list[ClusterConfig] = []
+    if "clusters" not in top:
+        r.problem(root, "clusters", "is required: a list of {name, uri} entries")
+    elif not isinstance(top["clusters"], yaml.SequenceNode) or not top["clusters"].value:
+        r.problem(top["clusters"], "clusters", f"must be a non-empty list (got {r._show(top['clusters'])})")
+    else:
+        clusters = _clusters(r, top["clusters"])
+    if r.problems:
+        raise ConfigError(sorted(r.problems, key=lambda p: (p.line, p.column)))
+    return RouterConfig(clusters=tuple(clusters), **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:
+    spec = r.mapping(node, "read_window", {"clusters", "max_age"})
+    if spec is None:
+        return None
+    clusters = r.integer(spec["clusters"], "read_window.clusters", minimum=1) if "clusters" in spec else None
+    max_age = None
+    if "max_age" in spec:
+        raw = r.value(spec["max_age"], "read_window.max_age")
+        m = _DURATION.match(str(raw)) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else None
+        if m is None or int(m.group(1)) == 0:
+            r.problem(spec["max_age"], "read_window.max_age", f"must be a positive duration like 90d, 12h, 4w (got {raw!r})")
+        else:
+            max_age = timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+    return ReadWindow(clusters=clusters, max_age=max_age)
+
+
+def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
+    out: list[ClusterConfig] = []
+    names: dict[str, str] = {}
+    uris: dict[str, str] = {}
+    for i, item in enumerate(node.value):
+        path = f"clusters[{i}]"
+        spec = r.mapping(item, path, {"name", "uri", "options"})
+        if spec is None:
+            continue
+        for required in ("name", "uri"):
+            if required not in spec:
+                r.problem(item, f"{path}.{required}", "is required")
+        name = r.string(spec["name"], f"{path}.name", pattern=_NAME, hint="must be 1-64 letters, digits, '_', '.' or '-'") if "name" in spec else None
+        uri = None
+        if "uri" in spec:
+            uri = r.string(spec["uri"], f"{path}.uri")
+            if uri is not None and not uri.startswith(("mongodb://", "mongodb+srv://")):
+                r.problem(spec["uri"], f"{path}.uri", f"must be a mongodb:// or mongodb+srv:// URI (got {redact_uri(uri)!r})")
+                uri = None
+        options = _options(r, spec["options"], f"{path}.options") if "options" in spec else {}
+        if name is not None:
+            if name in names:
+                r.problem(spec["name"], f"{path}.name", f"duplicate cluster name, already used by {names[name]} (got {name!r})")
+            names.setdefault(name, path)
+        if uri is not None:
+            key = uri.rstrip("/")
+            if key in uris:
+                r.problem(spec["uri"], f"{path}.uri", f"duplicate URI, already used by {uris[key]} (got {redact_uri(uri)!r})")
+            uris.setdefault(key, path)
+        if name is not None and uri is not None:
+            out.append(ClusterConfig(name=name, uri=uri, options=options))
+    return out
+
+
+def _options(r: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+    spec = r.mapping(node, path, set(DRIVER_OPTIONS)) or {}
+    out: dict[str, Any] = {}
+    for key, value_node in spec.items():
+        value = r.value(value_node, f"{path}.{key}")
+        expected = DRIVER_OPTIONS[key]
+        ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is int)
+        if not ok:
+            kinds = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+            shown = "***" if key == "password" else repr(value)
+            r.problem(value_node, f"{path}.{key}", f"must be {kinds} (got {shown})")
+        elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            r.problem(value_node, f"{path}.{key}", f"must not be negative (got {value!r})")
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Read and validate the file at *path*; raise :class:`ConfigError` listing every problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([ConfigProblem(str(p), 0, 0, "", f"cannot read the file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigProblem(str(p), 0, 0, "", f"not UTF-8 text: {exc.reason}")]) from None
+    return parse_config(text, source=str(p), env=env)
+

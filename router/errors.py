@@ -1,0 +1,138 @@
+"""The exception hierarchy: everything the router raises on purpose is a :class:`RouterError`.
+
+Branches are shallow. Errors about the caller's input also derive from
+:class:`ValueError` so generic validation code keeps working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "RouterError",
+    "ConfigError",
+    "ConfigProblem",
+    "MetadataError",
+    "NoClusterForTime",
+    "ClusterUnavailable",
+    "InvalidItem",
+    "InvalidCursor",
+    "WriteFailed",
+    "DeleteFailed",
+]
+
+
+class RouterError(Exception):
+    """Raised for every failure the router reports on purpose; catch this to catch them all."""
+
+
+class ConfigProblem:
+    """One problem found in a configuration file: where it is, which field, what is wrong."""
+
+    __slots__ = ("source", "line", "column", "path", "message")
+
+    def __init__(self, source: str, line: int, column: int, path: str, message: str) -> None:
+        self.source = source
+        self.line = line
+        self.column = column
+        self.path = path
+        self.message = message
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}:{self.column}" if self.line else self.source
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"ConfigProblem({str(self)!r})"
+
+
+class ConfigError(RouterError, ValueError):
+    """Raised when ``clusters.yaml`` (or the equivalent mapping) is invalid.
+
+    Carries every problem found, not just the first: ``problems`` is a list of
+    :class:`ConfigProblem`, each with ``source``, ``line``, ``column`` and ``path``.
+    """
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class MetadataError(RouterError):
+    """Raised when the clusters' metadata documents do not form a valid time map.
+
+    ``problems`` lists every problem found (overlaps, missing or duplicate documents,
+    ``_id`` not matching the configured name, several open-ended periods).
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid cluster metadata:\n  " + "\n  ".join(self.problems))
+
+
+class NoClusterForTime(RouterError, LookupError):
+    """Raised when no cluster's period holds an ``event_time``; nothing is written elsewhere."""
+
+    def __init__(self, event_time: datetime, message: str, *, index: int | None = None) -> None:
+        self.event_time = event_time
+        self.index = index
+        where = f"items[{index}].event_time: " if index is not None else ""
+        super().__init__(where + message)
+
+
+class ClusterUnavailable(RouterError):
+    """Raised (``from`` the driver's error) when a cluster cannot be reached or answered with an error.
+
+    ``cluster`` names the cluster, never its URI.
+    """
+
+    def __init__(self, cluster: str, message: str) -> None:
+        self.cluster = cluster
+        super().__init__(f"cluster {cluster!r}: {message}")
+
+
+class InvalidItem(RouterError, ValueError):
+    """Raised when a feed item (or a field of it) is malformed; ``field`` names the field."""
+
+    def __init__(self, field: str, message: str, *, index: int | None = None) -> None:
+        self.field = field
+        self.index = index
+        prefix = f"items[{index}].{field}" if index is not None else field
+        super().__init__(f"{prefix}: {message}")
+
+
+class InvalidCursor(RouterError, ValueError):
+    """Raised when a page cursor string was not produced by this router version."""
+
+
+class WriteFailed(RouterError):
+    """Raised when some items of a ``write_many`` were not written.
+
+    ``failed`` maps the index of every item that was *not* written to the reason;
+    ``ids`` holds, in input order, the ``_id`` of each item (written or not): the
+    items whose index is not in ``failed`` are stored.
+    """
+
+    def __init__(self, failed: Mapping[int, BaseException], ids: list[Any]) -> None:
+        self.failed = dict(failed)
+        self.ids = ids
+        first = sorted(self.failed.items())[:5]
+        shown = "; ".join(f"items[{i}]: {e}" for i, e in first)
+        more = f" (and {len(self.failed) - len(first)} more)" if len(self.failed) > len(first) else ""
+        super().__init__(f"{len(self.failed)} of {len(ids)} items not written: {shown}{more}")
+
+
+class DeleteFailed(RouterError):
+    """Raised when a delete could not reach every cluster.
+
+    ``deleted`` counts the copies removed from the clusters that answered;
+    ``failed`` maps each cluster that did not answer to its :class:`ClusterUnavailable`.
+    """
+
+    def __init__(self, deleted: int, failed: Mapping[str, ClusterUnavailable]) -> None:
+        self.deleted = deleted
+        self.failed = dict(failed)
+        names = ", ".join(sorted(self.failed))
+        super().__init__(f"delete reached only part of the clusters ({deleted} removed); failed: {names}")

@@ -1,0 +1,235 @@
+"""The values the router stores and returns: feed items, cluster metadata and pages.
+
+Pure module: no pymongo import beyond the ``bson`` value types.
+
+A stored feed item is exactly this document (one copy per receiver)::
+
+    {_id, data_key, receiver_id, sender_id, event_time, type, data}
+
+Times are timezone-aware UTC everywhere. BSON keeps milliseconds, so an
+``event_time`` read back is the written one truncated to the millisecond.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+from bson import ObjectId
+
+from .errors import InvalidItem
+
+__all__ = ["FeedItem", "ClusterMeta", "Page", "FEED_FIELDS", "to_utc", "event_timestamp", "check_item"]
+
+UTC = timezone.utc
+#: The fields of a stored feed document, in storage order.
+FEED_FIELDS = ("_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data")
+#: An ObjectId's timestamp is 4 unsigned bytes of UTC seconds.
+MAX_OBJECTID_SECONDS = 2**32
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class FeedItem:
+    """One copy of a feed item, for one receiver.
+
+    Example::
+
+        item = FeedItem(
+            receiver_id=1000386, sender_id=1000765,
+            event_time=datetime(2016, 5, 1, 10, tzinfo=timezone.utc),
+            type=1, data={"fabula_id": 1000983},
+            data_key=data_key("fabula", 1000983),
+        )
+
+    Fields are checked when the item is written (``FeedRouter.write``), not when
+    it is built, so bulk writes pay for one check per item. ``id`` is ``None`` for
+    an item not yet stored and the stored ``_id`` for one read back.
+    """
+
+    receiver_id: int | str
+    sender_id: int | str
+    event_time: datetime
+    type: int | str
+    data: Mapping[str, Any]
+    data_key: str
+    id: ObjectId | None = None
+
+    def to_document(self, oid: ObjectId) -> dict[str, Any]:
+        """The stored document for this item under ``_id`` *oid*."""
+        return {
+            "_id": oid,
+            "data_key": self.data_key,
+            "receiver_id": self.receiver_id,
+            "sender_id": self.sender_id,
+            "event_time": self.event_time,
+            "type": self.type,
+            "data": self.data,
+        }
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> FeedItem:
+        """Build an item from a stored document (as returned by a tz-aware client)."""
+        return cls(
+            receiver_id=doc["receiver_id"],
+            sender_id=doc["sender_id"],
+            event_time=doc["event_time"],
+            type=doc["type"],
+            data=doc["data"],
+            data_key=doc["data_key"],
+            id=doc["_id"],
+        )
+
+
+def to_utc(value: object, *, field: str = "event_time", index: int | None = None) -> datetime:
+    """Return *value* as an aware UTC datetime, or raise :class:`InvalidItem`.
+
+    Naive datetimes are refused rather than guessed at: a naive value is local time
+    to one service and UTC to another.
+    """
+    if not isinstance(value, datetime):
+        raise InvalidItem(field, f"must be a timezone-aware datetime (got {value!r})", index=index)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidItem(
+            field,
+            f"must be timezone-aware, e.g. datetime(..., tzinfo=timezone.utc) (got naive {value.isoformat()})",
+            index=index,
+        )
+    return value.astimezone(UTC)
+
+
+def event_timestamp(value: object, *, field: str = "event_time", index: int | None = None) -> float:
+    """UTC epoch seconds of *value*, checked to fit an ObjectId timestamp.
+
+    The rule: timezone-aware, and from 1970-01-01T00:00:00Z up to (not including)
+    2106-02-07T06:28:16Z, the range an ObjectId's 4-byte timestamp holds.
+    Raises :class:`InvalidItem` naming the field and the value.
+    """
+    if type(value) is not datetime or value.tzinfo is not UTC:
+        value = to_utc(value, field=field, index=index)
+    ts = value.timestamp()
+    if not 0 <= ts < MAX_OBJECTID_SECONDS:
+        raise InvalidItem(
+            field,
+            "must lie in [1970-01-01T00:00:00Z, 2106-02-07T06:28:16Z), the range of an ObjectId "
+            f"timestamp (got {value.isoformat()})",
+            index=index,
+        )
+    return ts
+
+
+def _is_id(value: object) -> bool:
+    if isinstance(value, str):
+        return value != ""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_item(item: object, index: int | None = None) -> float:
+    """Check *item* can be stored; return its ``event_time`` as UTC epoch seconds.
+
+    ``event_time`` follows :func:`event_timestamp`'s rule. Raises :class:`InvalidItem`
+    naming the field and the value.
+    """
+    if type(item) is not FeedItem:
+        raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
+    ts = event_timestamp(item.event_time, index=index)
+    if not _is_id(item.receiver_id):
+        raise InvalidItem("receiver_id", f"must be an int or a non-empty str (got {item.receiver_id!r})", index=index)
+    if not _is_id(item.sender_id):
+        raise InvalidItem("sender_id", f"must be an int or a non-empty str (got {item.sender_id!r})", index=index)
+    t = item.type
+    if not (isinstance(t, (int, str)) and not isinstance(t, bool)):
+        raise InvalidItem("type", f"must be an int or a str (got {t!r})", index=index)
+    dk = item.data_key
+    if type(dk) is not str or not dk:
+        raise InvalidItem("data_key", f"must be a non-empty str (got {dk!r})", index=index)
+    data = item.data
+    if not isinstance(data, Mapping):
+        raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})", index=index)
+    for key in data:
+        if type(key) is not str:
+            raise InvalidItem("data", f"keys must be str (got key {key!r})", index=index)
+    return ts
+
+
+def _check_aware(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None and attribute.name == "end_date":
+        return
+    to_utc(value, field=attribute.name)
+
+
+@attrs.frozen(kw_only=True)
+class ClusterMeta:
+    """A cluster's ``metadata`` document: which period of ``event_time`` it owns.
+
+    Example::
+
+        ClusterMeta(name="cluster_1", start_date=datetime(2016, 5, 1, tzinfo=timezone.utc),
+                    end_date=datetime(2016, 8, 1, tzinfo=timezone.utc),
+                    creator_name="ethan", created_at=datetime.now(timezone.utc))
+
+    The period is half-open, ``[start_date, end_date)``; ``end_date=None`` means open-ended.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    start_date: datetime = attrs.field(validator=_check_aware)
+    end_date: datetime | None = attrs.field(default=None, validator=_check_aware)
+    creator_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    created_at: datetime | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.end_date is not None and self.end_date <= self.start_date:
+            raise InvalidItem(
+                "end_date",
+                f"must be after start_date {self.start_date.isoformat()} (got {self.end_date.isoformat()})",
+            )
+
+    def to_document(self) -> dict[str, Any]:
+        """The stored ``metadata`` document; ``_id`` equals the cluster name."""
+        return {
+            "_id": self.name,
+            "name": self.name,
+            "start_date": self.start_date,
+            "end_date": self.end_date,
+            "creator_name": self.creator_name,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> ClusterMeta:
+        """Parse a ``metadata`` document; raise :class:`InvalidItem` naming the bad field."""
+        for field in ("_id", "name", "start_date"):
+            if field not in doc:
+                raise InvalidItem(field, "is missing")
+        if doc["_id"] != doc["name"]:
+            raise InvalidItem("name", f"must equal _id {doc['_id']!r} (got {doc['name']!r})")
+        end = doc.get("end_date")
+        created = doc.get("created_at")
+        return cls(
+            name=doc["name"],
+            start_date=to_utc(doc["start_date"], field="start_date"),
+            end_date=None if end is None else to_utc(end, field="end_date"),
+            creator_name=doc.get("creator_name") or "",
+            created_at=created if isinstance(created, datetime) else None,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Page:
+    """One page of a receiver's feed, newest first.
+
+    ``items[i]`` was served by cluster ``sources[i]``; ``queried`` lists the clusters
+    asked, in order; ``next_cursor`` is ``None`` once the read window is exhausted.
+    """
+
+    items: tuple[FeedItem, ...]
+    next_cursor: str | None
+    sources: tuple[str, ...] = ()
+    queried: tuple[str, ...] = ()
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)

@@ -1,0 +1,265 @@
+"""FeedRouter: write, read and delete feed items across clusters split by time.
+
+Use it when one MongoDB cluster per period of ``event_time`` holds all feeds
+(fan-out on write, one copy per receiver). Do not use it for data whose reads
+are not "newest first for one receiver": every other query would touch every
+cluster.
+
+Example::
+
+    with FeedRouter.from_yaml("clusters.yaml") as router:
+        oid = router.write(FeedItem(receiver_id=7, sender_id=3, event_time=now, type=1,
+                                    data={"fabula_id": 42}, data_key=data_key("fabula", 42)))
+        page = router.read(7, limit=20)
+        more = router.read(7, limit=20, cursor=page.next_cursor)
+        router.delete(data_key("fabula", 42))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bson import ObjectId
+from pymongo.errors import BulkWriteError, PyMongoError
+
+from .clusters import Cluster, Clusters, driver_error
+from .config import RouterConfig, load_config
+from .cursor import Position, decode_cursor, encode_cursor
+from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, WriteFailed
+from .ids import make_ids
+from .model import FeedItem, Page, check_item
+from .timemap import TimeMap
+
+__all__ = ["FeedRouter", "MAX_PAGE"]
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+#: The largest page a single read returns.
+MAX_PAGE = 1000
+_DUPLICATE_KEY = 11000
+_SORT = [("event_time", -1), ("_id", -1)]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class FeedRouter:
+    """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``.
+
+    Example::
+
+        router = FeedRouter.from_yaml("clusters.yaml")
+        router.write_many(items)                  # grouped per cluster, clusters in parallel
+        page = router.read(receiver_id, limit=50) # newest first, fewest clusters touched
+        router.close()
+
+    Construction connects to every cluster and loads the time map; a bad
+    configuration or metadata fails here, not at the first write.
+    *clock* (for tests) tells the read window what "now" is.
+    """
+
+    def __init__(self, config: RouterConfig, *, clock: Callable[[], datetime] = _utcnow) -> None:
+        self.config = config
+        self._clock = clock
+        self._clusters = Clusters(config)
+        try:
+            self._timemap = self._clusters.load_timemap()
+        except BaseException:
+            self._clusters.close()
+            raise
+        log.info("time map loaded from %d clusters:\n%s", len(self._clusters), self._timemap.describe())
+
+    @classmethod
+    def from_yaml(cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = _utcnow) -> FeedRouter:
+        """Load ``clusters.yaml``, connect to every cluster and build the time map."""
+        return cls(load_config(path), clock=clock)
+
+    @property
+    def timemap(self) -> TimeMap:
+        """The time map in use (replaced as a whole by :meth:`refresh`)."""
+        return self._timemap
+
+    @property
+    def clusters(self) -> Clusters:
+        """The configured clusters and their clients."""
+        return self._clusters
+
+    def refresh(self) -> TimeMap:
+        """Reload every cluster's metadata; the old map stays in use if this raises."""
+        self._timemap = self._clusters.load_timemap()
+        return self._timemap
+
+    # -- writes -------------------------------------------------------------------------
+
+    def write(self, item: FeedItem) -> ObjectId:
+        """Store one item in the cluster owning its ``event_time``; return its ``_id``.
+
+        Raises :class:`InvalidItem`, :class:`NoClusterForTime` or :class:`ClusterUnavailable`.
+        """
+        try:
+            return self._write((item,), indexed=False)[0]
+        except WriteFailed as exc:
+            raise exc.failed[0] from exc
+
+    def write_many(self, items: Iterable[FeedItem]) -> list[ObjectId]:
+        """Store every item; return their ``_id``\\ s in the order given.
+
+        All items are checked and routed before anything is written: one invalid
+        item (:class:`InvalidItem`) or one that no period owns
+        (:class:`NoClusterForTime`) rejects the whole call and changes no cluster.
+        Items are then grouped per cluster and sent as unordered ``insert_many``
+        batches of ``write.batch_size``, different clusters concurrently. If some
+        are not written, :class:`WriteFailed` says which (by index) and why; the
+        others are stored.
+        """
+        return self._write(items if isinstance(items, (list, tuple)) else list(items), indexed=True)
+
+    def _write(self, seq: Sequence[FeedItem], *, indexed: bool) -> list[ObjectId]:
+        lookup = self._timemap.lookup
+        groups: dict[str, list[int]] = {}
+        seconds: list[int] = []
+        append = seconds.append
+        for i, item in enumerate(seq):
+            ts = check_item(item, i if indexed else None)
+            name = lookup(ts)
+            if name is None:
+                raise self._timemap.no_cluster(item.event_time, index=i if indexed else None)
+            append(int(ts))
+            group = groups.get(name)
+            if group is None:
+                groups[name] = [i]
+            else:
+                group.append(i)
+        ids = make_ids(seconds)
+        if not groups:
+            return ids
+        failed: dict[int, BaseException] = {}
+        if len(groups) == 1:
+            ((name, idx),) = groups.items()
+            failed.update(self._insert(self._clusters[name], seq, ids, idx))
+        else:
+            futures = [self._clusters.submit(self._insert, self._clusters[n], seq, ids, idx) for n, idx in groups.items()]
+            for f in futures:
+                failed.update(f.result())
+        if failed:
+            err = WriteFailed(failed, ids)
+            log.error("%s", err)
+            raise err
+        return ids
+
+    def _insert(
+        self, cluster: Cluster, items: Sequence[FeedItem], ids: list[ObjectId], indexes: list[int]
+    ) -> dict[int, BaseException]:
+        """Insert the items at *indexes* into *cluster*; return the ones not written and why."""
+        failed: dict[int, BaseException] = {}
+        size = self.config.batch_size
+        coll = cluster.feed
+        for start in range(0, len(indexes), size):
+            chunk = indexes[start : start + size]
+            docs = [items[i].to_document(ids[i]) for i in chunk]
+            try:
+                coll.insert_many(docs, ordered=False)
+            except BulkWriteError as exc:
+                for werr in exc.details.get("writeErrors", []):
+                    if werr.get("code") == _DUPLICATE_KEY:
+                        continue  # _id is the only unique key: an earlier attempt of this very write stored it
+                    failed[chunk[werr["index"]]] = ClusterUnavailable(
+                        cluster.name, f"insert refused (code {werr.get('code')}): {werr.get('errmsg', '')[:200]}"
+                    )
+            except PyMongoError as exc:
+                # Outcome of this batch unknown, later batches not tried: none is reported as written.
+                error = driver_error(cluster.name, exc, doing="insert_many")
+                error.__cause__ = exc
+                for i in indexes[start:]:
+                    failed[i] = error
+                break
+        return failed
+
+    # -- reads --------------------------------------------------------------------------
+
+    def read(self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None) -> Page:
+        """One page of *receiver_id*'s feed, newest first by ``(event_time, _id)``.
+
+        The newest cluster in the read window is asked first; an older one only while
+        the page is not full, and only for the items still missing. Pass the page's
+        ``next_cursor`` to get the next page; it is ``None`` once the window is
+        exhausted (a full page always carries a cursor, so the last page may be empty).
+        """
+        if isinstance(receiver_id, bool) or not isinstance(receiver_id, (int, str)) or receiver_id == "":
+            raise InvalidItem("receiver_id", f"must be an int or a non-empty str (got {receiver_id!r})")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidItem("limit", f"must be an int from 1 to {MAX_PAGE} (got {limit!r})")
+        position = decode_cursor(cursor) if cursor is not None else None
+        names = self._timemap.clusters_for_read(
+            now=self._clock(),
+            window=self.config.read_window,
+            before=position.event_time if position is not None else None,
+        )
+        query: dict[str, Any] = {"receiver_id": receiver_id}
+        if position is not None:
+            query.update(position.older_filter())
+        items: list[FeedItem] = []
+        sources: list[str] = []
+        queried: list[str] = []
+        for name in names:
+            need = limit - len(items)
+            if need <= 0:
+                break
+            feed = self._clusters[name].feed
+            try:
+                docs = list(feed.find(query, sort=_SORT, limit=need))
+            except PyMongoError as exc:
+                raise driver_error(name, exc, doing="find") from exc
+            queried.append(name)
+            items.extend(FeedItem.from_document(d) for d in docs)
+            sources.extend([name] * len(docs))
+        next_cursor = None
+        if len(items) == limit:
+            last = items[-1]
+            assert last.id is not None
+            next_cursor = encode_cursor(Position(last.event_time, last.id))
+        return Page(items=tuple(items), next_cursor=next_cursor, sources=tuple(sources), queried=tuple(queried))
+
+    # -- deletes ------------------------------------------------------------------------
+
+    def delete(self, data_key: str) -> int:
+        """Remove every copy of the item *data_key* from every cluster; return how many.
+
+        All clusters are asked concurrently. If some do not answer, :class:`DeleteFailed`
+        says which, and how many copies the others removed; re-running is safe.
+        """
+        if not isinstance(data_key, str) or not data_key:
+            raise InvalidItem("data_key", f"must be a non-empty str (got {data_key!r})")
+
+        def remove(cluster: Cluster) -> int:
+            return cluster.call("delete_many", lambda: cluster.feed.delete_many({"data_key": data_key}).deleted_count)
+
+        results = self._clusters.each(remove)
+        deleted = sum(r for r in results.values() if isinstance(r, int))
+        failed = {n: r for n, r in results.items() if isinstance(r, ClusterUnavailable)}
+        if failed:
+            raise DeleteFailed(deleted, failed)
+        return deleted
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def ensure_indexes(self) -> None:
+        """Create the feed indexes in every cluster (idempotent)."""
+        for name, result in self._clusters.each(lambda c: c.ensure_indexes()).items():
+            if isinstance(result, ClusterUnavailable):
+                raise result
+
+    def close(self) -> None:
+        """Close every client and worker thread."""
+        self._clusters.close()
+
+    def __enter__(self) -> FeedRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
