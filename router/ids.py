@@ -30,7 +30,7 @@ from bson import ObjectId
 from .errors import InvalidItem
 from .model import event_timestamp
 
-__all__ = ["object_id_for", "make_ids", "data_key", "event_seconds"]
+__all__ = ["object_id_for", "make_ids", "data_key", "murmur3_hex", "event_seconds"]
 
 _COUNTER_MASK = 0xFFFFFF
 _lock = threading.Lock()
@@ -91,6 +91,17 @@ def object_id_for(event_time: datetime) -> ObjectId:
     return make_ids((event_seconds(event_time),))[0]
 
 
+def murmur3_hex(text: str) -> str:
+    """Lowercase hex of the MurmurHash3_x64_128 digest (seed 0) of *text* in UTF-8.
+
+    Example::
+
+        >>> murmur3_hex("The quick brown fox jumps over the lazy dog")
+        '6c1b07bc7bbc4be347939ac4a93c437a'
+    """
+    return mmh3.hash_bytes(text.encode("utf-8")).hex()
+
+
 def data_key(kind: str, object_id: object) -> str:
     """The ``data_key`` of a business object: MurmurHash3_x64_128 of ``f"{kind}_{object_id}"``.
 
@@ -101,4 +112,4 @@ def data_key(kind: str, object_id: object) -> str:
     """
     if not isinstance(kind, str) or not kind:
         raise InvalidItem("kind", f"must be a non-empty str (got {kind!r})")
-    return mmh3.hash_bytes(f"{kind}_{object_id}".encode()).hex()
+    return murmur3_hex(f"{kind}_{object_id}")

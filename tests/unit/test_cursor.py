@@ -1,0 +1,50 @@
+"""Opaque page cursors."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from bson import ObjectId
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router import InvalidCursor
+from router.cursor import Position, decode_cursor, encode_cursor
+
+UTC = timezone.utc
+
+
+@given(
+    st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2106, 1, 1), timezones=st.just(UTC)),
+    st.binary(min_size=12, max_size=12),
+)
+def test_round_trip_at_millisecond_precision(t: datetime, raw: bytes) -> None:
+    """A cursor decodes to the position it encoded, at BSON's millisecond precision."""
+    t = t.replace(microsecond=t.microsecond // 1000 * 1000)
+    pos = Position(t, ObjectId(raw))
+    cursor = encode_cursor(pos)
+    assert cursor.startswith("c1.") and "=" not in cursor
+    assert decode_cursor(cursor) == pos
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "c1.", "c1.!!!!", "c1.AAAA", "c2.AAAAAAAAAAAAAAAAAAAAAAAAAAA"])
+def test_garbage_is_invalid_cursor(bad: str) -> None:
+    """Anything not made by encode_cursor raises InvalidCursor, never a bare decoding error."""
+    with pytest.raises(InvalidCursor, match="cursor: "):
+        decode_cursor(bad)
+
+
+def test_non_string_is_invalid_cursor() -> None:
+    """A cursor must be a string."""
+    with pytest.raises(InvalidCursor):
+        decode_cursor(12)  # type: ignore[arg-type]
+
+
+def test_older_filter_breaks_ties_on_id() -> None:
+    """Items in the same millisecond are ordered by _id."""
+    t = datetime(2020, 1, 1, tzinfo=UTC)
+    oid = ObjectId()
+    assert Position(t, oid).older_filter() == {
+        "$or": [{"event_time": {"$lt": t}}, {"event_time": t, "_id": {"$lt": oid}}]
+    }
