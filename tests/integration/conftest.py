@@ -1,0 +1,117 @@
+"""Fixtures for tests against real MongoDB-wire servers.
+
+Three local servers (mongod if on PATH, else FerretDB) are started once per test
+session by :mod:`router.localservers`; every test gets its own database name on
+them, dropped afterwards. Nothing here skips: no server means the tests error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from router import ClusterConfig, ClusterMeta, FeedRouter, ReadWindow, RouterConfig
+from router.clusters import Cluster
+from router.localservers import LocalClusters
+
+UTC = timezone.utc
+#: The three demo periods used by most tests: [P0, P1), [P1, P2), [P2, open).
+P0 = datetime(2024, 1, 1, tzinfo=UTC)
+P1 = datetime(2024, 4, 1, tzinfo=UTC)
+P2 = datetime(2024, 7, 1, tzinfo=UTC)
+NOW = datetime(2024, 9, 1, tzinfo=UTC)
+NAMES = ("cluster_1", "cluster_2", "cluster_3")
+PERIODS: tuple[tuple[datetime, datetime | None], ...] = ((P0, P1), (P1, P2), (P2, None))
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[LocalClusters]:
+    """Three local servers for the whole session."""
+    with LocalClusters(3, names=list(NAMES)) as local:
+        yield local
+
+
+@pytest.fixture(scope="session")
+def raw_clients(servers: LocalClusters) -> Iterator[dict[str, MongoClient[dict[str, Any]]]]:
+    """Plain pymongo clients, one per server, to check storage without the router."""
+    clients: dict[str, MongoClient[dict[str, Any]]] = {
+        s.name: MongoClient(s.uri, tz_aware=True, serverSelectionTimeoutMS=10_000) for s in servers.servers
+    }
+    yield clients
+    for c in clients.values():
+        c.close()
+
+
+@pytest.fixture
+def db_name(raw_clients: dict[str, MongoClient[dict[str, Any]]]) -> Iterator[str]:
+    """A database name of this test's own, dropped on every server afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    for c in raw_clients.values():
+        c.drop_database(name)
+
+
+@pytest.fixture
+def make_config(servers: LocalClusters, db_name: str) -> Callable[..., RouterConfig]:
+    """Build a RouterConfig for this test's database over the session's servers."""
+
+    def make(
+        *, window: ReadWindow | None = None, batch_size: int = 1000, uris: Sequence[str] | None = None, **options: Any
+    ) -> RouterConfig:
+        return RouterConfig(
+            database=db_name,
+            clusters=tuple(
+                ClusterConfig(name=n, uri=u, options=dict(options))
+                for n, u in zip(NAMES, uris or servers.uris)
+            ),
+            read_window=window or ReadWindow(),
+            batch_size=batch_size,
+        )
+
+    return make
+
+
+def register(config: RouterConfig, periods: Sequence[tuple[datetime, datetime | None]] = PERIODS) -> None:
+    """Write each cluster's metadata document and the feed indexes, as an operator would."""
+    for spec, (start, end) in zip(config.clusters, periods):
+        cluster = Cluster(spec, config)
+        try:
+            cluster.write_meta(
+                ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="tests", created_at=start)
+            )
+            cluster.ensure_indexes()
+        finally:
+            cluster.close()
+
+
+@pytest.fixture
+def make_router(make_config: Callable[..., RouterConfig]) -> Iterator[Callable[..., FeedRouter]]:
+    """Register the three periods and open a FeedRouter on them (closed afterwards)."""
+    opened: list[FeedRouter] = []
+
+    def make(*, clock: Callable[[], datetime] = lambda: NOW, **kwargs: Any) -> FeedRouter:
+        config = make_config(**kwargs)
+        register(config)
+        router = FeedRouter(config, clock=clock)
+        opened.append(router)
+        return router
+
+    yield make
+    for r in opened:
+        r.close()
+
+
+@pytest.fixture
+def router(make_router: Callable[..., FeedRouter]) -> FeedRouter:
+    """A router over the three standard periods, with "now" fixed at 2024-09-01."""
+    return make_router()
+
+
+def spread(start: datetime, end: datetime, n: int, i: int) -> datetime:
+    """The i-th of n instants spread evenly over [start, end)."""
+    return start + (end - start) * i / n + timedelta(0)
