@@ -93,7 +93,7 @@ class ClusterConfig:
     """
 
     name: str
-    uri: str = attrs.field(repr=redact_uri)
+    uri: str = attrs.field(repr=lambda u: repr(redact_uri(u)))
     options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
 
     @property

@@ -527,6 +527,7 @@ class LocalClusters:
     ``auto``: ``mongod`` if it is on PATH, else FerretDB. ``detached`` servers run in
     their own session and are not stopped when this Python process exits (the CLI
     ``start`` uses it); otherwise :meth:`stop` also runs at interpreter exit.
+    ``ports`` fixes the ports, one per cluster (default: free ports on 127.0.0.1).
 
     Example::
 
@@ -544,6 +545,7 @@ class LocalClusters:
         names: Sequence[str] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         detached: bool = False,
+        ports: Sequence[int] | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"count: must be at least 1 (got {count})")
@@ -565,6 +567,9 @@ class LocalClusters:
         self.base_dir = base_dir
         self.timeout = timeout
         self.detached = detached
+        if ports is not None and (len(ports) != count or any(not 0 < p < 65536 for p in ports)):
+            raise ValueError(f"ports: expected {count} ports from 1 to 65535 (got {list(ports)})")
+        self.ports = list(ports) if ports is not None else None
         self.servers: list[LocalServer] = []
         self._temp_dir: Path | None = None
         self._started = False
@@ -650,7 +655,7 @@ class LocalClusters:
         else:
             binary = ensure_ferretdb()
         root = self._root()
-        for name, port in zip(self.names, _free_ports(self.count), strict=True):
+        for name, port in zip(self.names, self.ports or _free_ports(self.count), strict=True):
             data_dir = root / name
             server = LocalServer(
                 name=name,
@@ -764,8 +769,9 @@ def _cmd_start(args: argparse.Namespace) -> int:
     state = folder / STATE_FILE
     if state.exists():
         raise HarnessError(f"{state} exists: servers may be running; run `stop --dir {args.dir}`")
+    ports = None if args.first_port is None else list(range(args.first_port, args.first_port + args.count))
     clusters = LocalClusters(
-        args.count, base_dir=folder, backend=args.backend, timeout=args.timeout, detached=True
+        args.count, base_dir=folder, backend=args.backend, timeout=args.timeout, detached=True, ports=ports
     )
     clusters.start()
     entries = [
@@ -854,6 +860,12 @@ def _parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start detached servers; print their URIs")
     common(start)
     start.add_argument("--dir", type=Path, required=True, help="folder for data and servers.json")
+    start.add_argument(
+        "--first-port",
+        type=int,
+        default=None,
+        help="listen on FIRST_PORT, FIRST_PORT+1, ... (default: free ports chosen at random)",
+    )
     start.set_defaults(handler=_cmd_start)
 
     stop = sub.add_parser("stop", help="stop the servers recorded in DIR/servers.json")

@@ -1,0 +1,207 @@
+"""The demo: three local clusters, three periods, a few thousand feed items, read back newest first.
+
+Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own local
+servers (mongod if on PATH, else FerretDB), registers one period per cluster the
+way an operator does, writes fanned-out posts (including late events that belong
+to older periods), pages one receiver's feed across the period boundaries,
+deletes one post from every receiver's feed by ``data_key``, checks every claim
+with plain pymongo, and stops the servers.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TextIO
+
+from pymongo import MongoClient
+
+from .clusters import Cluster
+from .config import load_config
+from .errors import RouterError
+from .ids import data_key
+from .localservers import LocalClusters
+from .model import ClusterMeta, FeedItem
+from .router import FeedRouter
+
+__all__ = ["run_demo", "demo_periods"]
+
+UTC = timezone.utc
+RECEIVERS = ("alice", "bob", "carol", "dave", "erin")
+CONFIG_TEMPLATE = """\
+# written by `feedrouter demo` for its local servers
+database: feed_demo
+read_window:
+  clusters: 3
+write:
+  batch_size: 500
+clusters:
+{clusters}
+"""
+
+
+def _month_start(t: datetime, back: int) -> datetime:
+    """The first instant of the month *back* months before *t*'s month (UTC)."""
+    index = t.year * 12 + (t.month - 1) - back
+    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
+
+
+def demo_periods(now: datetime) -> list[tuple[datetime, datetime | None]]:
+    """Three consecutive quarters ending with the open-ended one that holds *now*."""
+    b0, b1, b2 = (_month_start(now, k) for k in (6, 3, 0))
+    return [(b0, b1), (b1, b2), (b2, None)]
+
+
+class _Out:
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __call__(self, text: str = "") -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, seed: int = 2016) -> int:
+    """Run the demo, writing its report to *stream*; return 0 when every check held, else 1."""
+    out = _Out(stream)
+    rng = random.Random(seed)
+    now = datetime.now(UTC).replace(microsecond=0)
+    periods = demo_periods(now)
+    names = ["cluster_1", "cluster_2", "cluster_3"]
+    out("== starting three local clusters")
+    with LocalClusters(3, names=names, backend=backend) as local, tempfile.TemporaryDirectory() as tmp:
+        for server in local.servers:
+            out(f"   {server.name}: {server.uri} ({server.backend}, data in {server.data_dir})")
+        config_path = Path(tmp) / "clusters.yaml"
+        config_path.write_text(
+            CONFIG_TEMPLATE.format(
+                clusters="\n".join(f"  - name: {s.name}\n    uri: {s.uri}" for s in local.servers)
+            )
+        )
+        raw: dict[str, MongoClient[dict[str, object]]] = {
+            s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers
+        }
+        try:
+            return _run(out, rng, now, periods, names, config_path, raw, posts)
+        except RouterError as exc:
+            out(f"!! {type(exc).__name__}: {exc}")
+            return 1
+        finally:
+            for c in raw.values():
+                c.close()
+            out("== stopping the local clusters")
+
+
+def _run(
+    out: _Out,
+    rng: random.Random,
+    now: datetime,
+    periods: list[tuple[datetime, datetime | None]],
+    names: list[str],
+    config_path: Path,
+    raw: dict[str, MongoClient[dict[str, object]]],
+    posts: int,
+) -> int:
+    failures: list[str] = []
+
+    def check(ok: bool, claim: str) -> None:
+        out(f"   [{'ok' if ok else 'FAILED'}] {claim}")
+        if not ok:
+            failures.append(claim)
+
+    out("== registering one period per cluster (metadata document + feed indexes)")
+    config = load_config(config_path)
+    for spec, (start, end) in zip(config.clusters, periods):
+        cluster = Cluster(spec, config)
+        try:
+            cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="demo", created_at=now))
+            cluster.ensure_indexes()
+        finally:
+            cluster.close()
+
+    with FeedRouter.from_yaml(config_path) as router:
+        out("   time map loaded by the router from the clusters' metadata:")
+        out(router.timemap.describe())
+
+        start = periods[0][0]
+        span = (now - start).total_seconds()
+        # Fan-out on write: each post is copied into the feed of 2-5 receivers.
+        items: list[FeedItem] = []
+        keys: list[str] = []
+        for post in range(posts):
+            t = start + timedelta(seconds=rng.uniform(0, span))
+            key = data_key("fabula", 1_000_000 + post)
+            keys.append(key)
+            sender = rng.randrange(100, 110)
+            for receiver in rng.sample(RECEIVERS, rng.randint(2, 5)):
+                items.append(
+                    FeedItem(receiver_id=receiver, sender_id=sender, event_time=t, type=1,
+                             data={"fabula_id": 1_000_000 + post}, data_key=key)
+                )
+        out(f"== writing {len(items)} feed items ({posts} posts fanned out to {len(RECEIVERS)} receivers)")
+        t0 = time.perf_counter()
+        ids = router.write_many(items)
+        elapsed = time.perf_counter() - t0
+        out(f"   {len(ids)} written in {elapsed:.2f} s ({len(ids) / elapsed:,.0f} items/s), grouped per cluster")
+
+        late_time = periods[0][0] + timedelta(days=3)
+        late = [
+            FeedItem(receiver_id=r, sender_id=999, event_time=late_time + timedelta(minutes=i), type=2,
+                     data={"fabula_id": 2_000_000 + i, "note": "late event"}, data_key=data_key("fabula", 2_000_000 + i))
+            for i, r in enumerate(RECEIVERS)
+        ]
+        router.write_many(late)
+        out(f"== writing {len(late)} late events dated {late_time.date()} (they belong to cluster_1's period)")
+        items.extend(late)
+
+        out("== where the documents are (counted with plain pymongo, not through the router)")
+        expected = {n: 0 for n in names}
+        for it in items:
+            expected[router.timemap.cluster_for(it.event_time)] += 1
+        for name in names:
+            count = raw[name]["feed_demo"]["feed"].count_documents({})
+            out(f"   {name}: {count} documents")
+            check(count == expected[name], f"{name} holds exactly the items of its period ({expected[name]})")
+        late_docs = raw["cluster_1"]["feed_demo"]["feed"].count_documents({"sender_id": 999})
+        check(late_docs == len(late), "every late event went to cluster_1, the cluster owning its time")
+
+        receiver = "alice"
+        out(f"== {receiver}'s feed, newest first, 10 per page")
+        page = router.read(receiver, limit=10)
+        for it, src in zip(page.items, page.sources):
+            out(f"   {it.event_time:%Y-%m-%d %H:%M:%S}  from {it.sender_id}  fabula {it.data['fabula_id']:<8} <- {src}")
+        out(f"   clusters asked for this page: {', '.join(page.queried)}")
+        pages, seen, crossing = 1, list(page.items), None
+        cursor = page.next_cursor
+        while cursor is not None:
+            page = router.read(receiver, limit=10, cursor=cursor)
+            pages += 1
+            seen.extend(page.items)
+            if crossing is None and len(set(page.sources)) > 1:
+                crossing = page
+            cursor = page.next_cursor
+        if crossing is not None:
+            out("   a later page that crosses a period boundary:")
+            for it, src in zip(crossing.items, crossing.sources):
+                out(f"   {it.event_time:%Y-%m-%d %H:%M:%S}  from {it.sender_id}  fabula {it.data['fabula_id']:<8} <- {src}")
+        truth = sorted((it for it in items if it.receiver_id == receiver), key=lambda i: i.event_time, reverse=True)
+        got_times = [it.event_time for it in seen]
+        check(len(seen) == len(truth), f"paging to the end returned all {len(truth)} of {receiver}'s items in {pages} pages")
+        check(len({it.id for it in seen}) == len(seen), "no item was returned twice")
+        check(got_times == sorted(got_times, reverse=True), "items came newest first across cluster boundaries")
+
+        victim = keys[rng.randrange(len(keys))]
+        copies = sum(c["feed_demo"]["feed"].count_documents({"data_key": victim}) for c in raw.values())
+        out(f"== deleting post {victim} from every receiver's feed")
+        removed = router.delete(victim)
+        out(f"   removed {removed} copies")
+        left = sum(c["feed_demo"]["feed"].count_documents({"data_key": victim}) for c in raw.values())
+        check(removed == copies and left == 0, f"all {copies} copies are gone from every cluster")
+
+        out("== summary")
+        out(f"   {len(items)} items in {len(names)} clusters, {pages} pages read for {receiver}, {removed} copies deleted")
+        out("   all checks passed" if not failures else f"   {len(failures)} checks FAILED")
+    return 0 if not failures else 1

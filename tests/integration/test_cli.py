@@ -1,0 +1,110 @@
+"""The feedrouter command, run as an operator runs it: a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from router import RouterConfig
+from router.localservers import LocalClusters
+
+from .conftest import register
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def feedrouter(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "router.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
+
+
+def write_yaml(path: Path, config: RouterConfig, password: str | None = None) -> Path:
+    lines = [f"database: {config.database}", "clusters:"]
+    for c in config.clusters:
+        uri = c.uri if password is None else c.uri.replace("mongodb://", f"mongodb://feed:{password}@")
+        lines += [f"  - name: {c.name}", f"    uri: {uri}", "    options: {serverSelectionTimeoutMS: 1500}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def running_with(folder: str) -> list[int]:
+    """Pids of processes whose command line mentions *folder*."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if folder.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_demo_runs_and_leaves_no_server(servers: LocalClusters) -> None:
+    """The demo's checks all hold, it exits 0, and its servers are gone afterwards."""
+    result = feedrouter("demo", "--posts", "60")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout
+    assert "[FAILED]" not in result.stdout
+    folders = set(re.findall(r"data in (\S+)/cluster_\d", result.stdout))
+    assert len(folders) == 1
+    assert running_with(folders.pop()) == []
+
+
+def test_check_prints_the_time_map(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
+    """check exits 0 and prints every period; --json gives the same as data."""
+    config = make_config()
+    register(config)
+    path = write_yaml(tmp_path / "clusters.yaml", config)
+    result = feedrouter("-c", str(path), "check")
+    assert result.returncode == 0, result.stderr
+    assert "3 clusters" in result.stdout and "cluster_3        [2024-07-01T00:00:00Z, open)" in result.stdout
+    as_json = json.loads(feedrouter("--json", "-c", str(path), "check").stdout)
+    assert [c["name"] for c in as_json["clusters"]] == ["cluster_1", "cluster_2", "cluster_3"]
+    assert as_json["clusters"][2]["end_date"] is None
+
+
+def test_check_config_error_exits_2_without_traceback(tmp_path: Path) -> None:
+    """A broken clusters.yaml: exit 2, every problem with its position, no traceback."""
+    path = tmp_path / "clusters.yaml"
+    path.write_text("clusters:\n  - name: a\n    uri: localhost\n  - name: a\n    uri: mongodb://h:1\n")
+    result = feedrouter("-c", str(path), "check")
+    assert result.returncode == 2
+    assert f"{path}:3:10: clusters[0].uri: must be a mongodb:// or mongodb+srv:// URI (got 'localhost')" in result.stderr
+    assert f"{path}:4:11: clusters[1].name: duplicate cluster name" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_check_metadata_problem_exits_1(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
+    """Clusters without metadata: exit 1, each named, and the password never printed."""
+    config = make_config()
+    path = write_yaml(tmp_path / "clusters.yaml", config)
+    result = feedrouter("-v", "-c", str(path), "check")
+    assert result.returncode == 1
+    for name in ("cluster_1", "cluster_2", "cluster_3"):
+        assert f"cluster '{name}': no metadata document" in result.stderr
+
+
+def test_unreachable_cluster_named_and_password_hidden(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
+    """An unreachable cluster fails check with its name; a URI password appears nowhere in the output."""
+    config = make_config(uris=["mongodb://127.0.0.1:1", "mongodb://127.0.0.1:2", "mongodb://127.0.0.1:3"])
+    path = write_yaml(tmp_path / "clusters.yaml", config, password="hunter2")
+    result = feedrouter("-vv", "-c", str(path), "check")
+    assert result.returncode == 1
+    assert "cluster_1" in result.stderr and "ClusterUnavailable" in result.stderr
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_version_and_usage() -> None:
+    """--version prints the version; a bad subcommand is a usage error (exit 2)."""
+    result = feedrouter("--version")
+    assert result.returncode == 0 and result.stdout.startswith("feedrouter 0.")
+    assert feedrouter("frobnicate").returncode == 2
+    assert feedrouter("demo", "--posts", "0").returncode == 2

@@ -1,0 +1,150 @@
+"""clusters.yaml: parsing, validation messages with line and column, env interpolation, redaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from router import ConfigError, load_config, parse_config
+from router.config import redact_uri
+
+GOOD = """\
+database: feed
+read_window: {clusters: 3, max_age: 400d}
+write: {batch_size: 500}
+clusters:
+  - name: cluster_1
+    uri: mongodb://127.0.0.1:27101
+  - name: cluster_2
+    uri: mongodb+srv://feed:${PW}@db2.example
+    options: {serverSelectionTimeoutMS: 2000, tls: true, maxPoolSize: 50}
+"""
+
+
+def problems(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env=env or {})
+    return [str(p) for p in info.value.problems]
+
+
+def test_good_config_parses() -> None:
+    """Every section is read into typed values; defaults fill the rest."""
+    cfg = parse_config(GOOD, env={"PW": "s3cret"})
+    assert [c.name for c in cfg.clusters] == ["cluster_1", "cluster_2"]
+    assert cfg.clusters[1].uri == "mongodb+srv://feed:s3cret@db2.example"
+    assert cfg.clusters[1].options == {"serverSelectionTimeoutMS": 2000, "tls": True, "maxPoolSize": 50}
+    assert cfg.read_window.clusters == 3 and cfg.read_window.max_age == timedelta(days=400)
+    assert cfg.batch_size == 500 and cfg.feed_collection == "feed" and cfg.metadata_collection == "metadata"
+
+
+def test_password_never_in_repr() -> None:
+    """A configured password does not appear in the config's repr."""
+    cfg = parse_config(GOOD, env={"PW": "s3cret"})
+    assert "s3cret" not in repr(cfg) and "feed:***@db2.example" in repr(cfg)
+    assert cfg.clusters[1].display_uri == "mongodb+srv://feed:***@db2.example"
+
+
+def test_env_default_and_missing() -> None:
+    """${VAR:-default} falls back; a missing ${VAR} is an error at its line and column."""
+    text = "clusters:\n  - name: a\n    uri: ${URI_A:-mongodb://h:1}\n  - name: b\n    uri: mongodb://u:${NOPE}@h:2\n"
+    assert parse_config(text, env={"NOPE": "p"}).clusters[0].uri == "mongodb://h:1"
+    assert parse_config(text, env={"URI_A": "mongodb://x:9", "NOPE": "p"}).clusters[0].uri == "mongodb://x:9"
+    assert problems(text) == ["clusters.yaml:5:10: clusters[1].uri: environment variable NOPE is not set (got '${NOPE}')"]
+
+
+def test_all_problems_reported_together_in_file_order() -> None:
+    """Unknown keys, wrong types, duplicates and bad URIs all come back at once, sorted by line."""
+    text = """\
+database: feed
+colections: {feed: x}
+read_window: {clusters: 0, max_age: 12x}
+write: {batch_size: many}
+clusters:
+  - name: c1
+    uri: mongodb://h:1
+  - name: c1
+    uri: localhost
+    bogus: 1
+  - name: "bad name"
+    uri: mongodb://h:1/
+    options: {maxPoolSize: "x", tls: 1, wat: 2}
+  - uri: mongodb://h:3
+"""
+    assert problems(text) == [
+        "clusters.yaml:2:1: colections: unknown key (expected one of: clusters, collections, database, read_window, write)",
+        "clusters.yaml:3:25: read_window.clusters: must be at least 1 (got 0)",
+        "clusters.yaml:3:37: read_window.max_age: must be a positive duration like 90d, 12h, 4w (got '12x')",
+        "clusters.yaml:4:21: write.batch_size: must be an integer (got 'many')",
+        "clusters.yaml:8:11: clusters[1].name: duplicate cluster name, already used by clusters[0] (got 'c1')",
+        "clusters.yaml:9:10: clusters[1].uri: must be a mongodb:// or mongodb+srv:// URI (got 'localhost')",
+        "clusters.yaml:10:5: clusters[1].bogus: unknown key (expected one of: name, options, uri)",
+        "clusters.yaml:11:11: clusters[2].name: must be 1-64 letters, digits, '_', '.' or '-' (got 'bad name')",
+        "clusters.yaml:12:10: clusters[2].uri: duplicate URI, already used by clusters[0] (got 'mongodb://h:1/')",
+        "clusters.yaml:13:28: clusters[2].options.maxPoolSize: must be int (got 'x')",
+        "clusters.yaml:13:38: clusters[2].options.tls: must be bool (got 1)",
+        "clusters.yaml:13:41: clusters[2].options.wat: unknown key (expected one of: "
+        + ", ".join(sorted(__import__("router.config", fromlist=["DRIVER_OPTIONS"]).DRIVER_OPTIONS))
+        + ")",
+        "clusters.yaml:14:5: clusters[3].name: is required",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", "clusters.yaml: the file is empty; it needs at least a 'clusters' list"),
+        ("- a\n- b\n", "clusters.yaml:1:1: must be a mapping (got a list)"),
+        ("database: feed\n", "clusters.yaml:1:1: clusters: is required: a list of {name, uri} entries"),
+        ("clusters: []\n", "clusters.yaml:1:11: clusters: must be a non-empty list (got a list)"),
+        ("clusters: {a: 1}\n", "clusters.yaml:1:11: clusters: must be a non-empty list (got a mapping)"),
+        ("clusters:\n  - name: a\n    uri: [1]\n", "clusters.yaml:3:10: clusters[0].uri: must be a single value (got a list)"),
+        ("clusters: [\n", "clusters.yaml:2:1: not valid YAML"),
+        ("database: feed\ndatabase: other\nclusters: [{name: a, uri: 'mongodb://h'}]\n", "clusters.yaml:2:1: database: duplicate key"),
+        ("1: x\nclusters: [{name: a, uri: 'mongodb://h'}]\n", "clusters.yaml:1:1: <top>: keys must be strings (got '1')"),
+        ("collections: {feed: a, metadata: a}\nclusters: [{name: a, uri: 'mongodb://h'}]\n",
+         "clusters.yaml:1:34: collections.metadata: must differ from collections.feed (got 'a')"),
+    ],
+)
+def test_structural_errors(text: str, expected: str) -> None:
+    """Wrong shapes and broken YAML are reported with a position, never as a raw exception."""
+    got = problems(text)
+    assert got[0].startswith(expected), got
+
+
+def test_password_redacted_in_errors() -> None:
+    """An error about a URI carrying a password shows it redacted."""
+    text = "clusters:\n  - {name: a, uri: 'mongodb://u:pw@h:1'}\n  - {name: b, uri: 'mongodb://u:pw@h:1'}\n"
+    (msg,) = problems(text)
+    assert "pw@" not in msg and "mongodb://u:***@h:1" in msg
+
+
+def test_load_config_reports_the_path(tmp_path: Path) -> None:
+    """Errors from a file carry its path; a missing file is a ConfigError too."""
+    path = tmp_path / "c.yaml"
+    path.write_text("clusters:\n  - {name: a, uri: nope}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2:20: clusters\[0\].uri"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("mongodb://u:p@h:1/db", "mongodb://u:***@h:1/db"),
+        ("mongodb+srv://u:p%40ss@h", "mongodb+srv://u:***@h"),
+        ("mongodb://u@h", "mongodb://u@h"),
+        ("mongodb://h:1", "mongodb://h:1"),
+    ],
+)
+def test_redact_uri(uri: str, shown: str) -> None:
+    """Passwords are masked, user names and hosts kept."""
+    assert redact_uri(uri) == shown
+
+
+def test_sample_config_in_repo_is_valid() -> None:
+    """The clusters.yaml shipped at the repo root loads."""
+    cfg = load_config(Path(__file__).resolve().parents[2] / "clusters.yaml", env={})
+    assert [c.name for c in cfg.clusters] == ["cluster_1", "cluster_2", "cluster_3"]
