@@ -17,7 +17,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import attrs
+import bson
 from bson import ObjectId
+from bson.errors import InvalidDocument
 
 from .errors import InvalidItem
 
@@ -28,6 +30,10 @@ UTC = timezone.utc
 FEED_FIELDS = ("_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data")
 #: An ObjectId's timestamp is 4 unsigned bytes of UTC seconds.
 MAX_OBJECTID_SECONDS = 2**32
+#: The most ``data`` may take as BSON: the server's 16 MiB document limit less room for the other fields.
+MAX_DATA_BYTES = 16 * 1024 * 1024 - 16 * 1024
+_INT64 = (-(2**63), 2**63)
+_LONG_STR = 64 * 1024
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -122,7 +128,39 @@ def event_timestamp(value: object, *, field: str = "event_time", index: int | No
 def _is_id(value: object) -> bool:
     if isinstance(value, str):
         return value != ""
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value < _INT64[1]
+
+
+def _check_data(data: Mapping[str, Any], index: int | None) -> None:
+    """Check ``data`` encodes as BSON within the size limit.
+
+    Flat mappings of small scalars (the usual case) are checked in place; anything
+    else is encoded once, so a bad nested value fails here instead of in the middle
+    of a multi-cluster write.
+    """
+    simple = True
+    for key, value in data.items():
+        if type(key) is not str:
+            raise InvalidItem("data", f"keys must be str (got key {key!r})", index=index)
+        kind = type(value)
+        if "\x00" in key:
+            simple = False
+        elif kind is int:
+            simple = _INT64[0] <= value < _INT64[1]
+        elif kind is str:
+            simple = len(value) < _LONG_STR
+        elif value is not None and kind is not float and kind is not bool:
+            simple = False
+        if not simple:
+            break
+    if simple:
+        return
+    try:
+        size = len(bson.encode(data))
+    except (InvalidDocument, OverflowError, TypeError, ValueError) as exc:
+        raise InvalidItem("data", f"cannot be stored as BSON: {exc}", index=index) from None
+    if size > MAX_DATA_BYTES:
+        raise InvalidItem("data", f"must encode to at most {MAX_DATA_BYTES} bytes of BSON (got {size})", index=index)
 
 
 def check_item(item: object, index: int | None = None) -> float:
@@ -135,21 +173,19 @@ def check_item(item: object, index: int | None = None) -> float:
         raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
     ts = event_timestamp(item.event_time, index=index)
     if not _is_id(item.receiver_id):
-        raise InvalidItem("receiver_id", f"must be an int or a non-empty str (got {item.receiver_id!r})", index=index)
+        raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty str (got {item.receiver_id!r:.80})", index=index)
     if not _is_id(item.sender_id):
-        raise InvalidItem("sender_id", f"must be an int or a non-empty str (got {item.sender_id!r})", index=index)
+        raise InvalidItem("sender_id", f"must be a 64-bit int or a non-empty str (got {item.sender_id!r:.80})", index=index)
     t = item.type
-    if not (isinstance(t, (int, str)) and not isinstance(t, bool)):
-        raise InvalidItem("type", f"must be an int or a str (got {t!r})", index=index)
+    if not _is_id(t):
+        raise InvalidItem("type", f"must be a 64-bit int or a non-empty str (got {t!r:.80})", index=index)
     dk = item.data_key
     if type(dk) is not str or not dk:
         raise InvalidItem("data_key", f"must be a non-empty str (got {dk!r})", index=index)
     data = item.data
     if not isinstance(data, Mapping):
         raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})", index=index)
-    for key in data:
-        if type(key) is not str:
-            raise InvalidItem("data", f"keys must be str (got key {key!r})", index=index)
+    _check_data(data, index)
     return ts
 
 

@@ -117,7 +117,12 @@ class FeedRouter:
         are not written, :class:`WriteFailed` says which (by index) and why; the
         others are stored.
         """
-        return self._write(items if isinstance(items, (list, tuple)) else list(items), indexed=True)
+        if not isinstance(items, (list, tuple)):
+            try:
+                items = list(items)
+            except TypeError:
+                raise InvalidItem("items", f"must be an iterable of FeedItem (got {type(items).__name__})") from None
+        return self._write(items, indexed=True)
 
     def _write(self, seq: Sequence[FeedItem], *, indexed: bool) -> list[ObjectId]:
         lookup = self._timemap.lookup

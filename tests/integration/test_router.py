@@ -219,12 +219,18 @@ def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterCon
     [
         ("event_time", datetime(2024, 5, 1), "items[3].event_time: must be timezone-aware"),
         ("event_time", "2024-05-01", "items[3].event_time: must be a timezone-aware datetime"),
-        ("receiver_id", None, "items[3].receiver_id: must be an int or a non-empty str (got None)"),
-        ("receiver_id", True, "items[3].receiver_id: must be an int or a non-empty str (got True)"),
-        ("sender_id", 1.5, "items[3].sender_id: must be an int or a non-empty str (got 1.5)"),
-        ("type", [1], "items[3].type: must be an int or a str (got [1])"),
+        ("receiver_id", None, "items[3].receiver_id: must be a 64-bit int or a non-empty str (got None)"),
+        ("receiver_id", True, "items[3].receiver_id: must be a 64-bit int or a non-empty str (got True)"),
+        ("receiver_id", 2**63, "items[3].receiver_id: must be a 64-bit int"),
+        ("sender_id", 1.5, "items[3].sender_id: must be a 64-bit int or a non-empty str (got 1.5)"),
+        ("type", [1], "items[3].type: must be a 64-bit int or a non-empty str (got [1])"),
         ("data", "x", "items[3].data: must be a mapping (got str)"),
         ("data", {1: "x"}, "items[3].data: keys must be str (got key 1)"),
+        ("data", {"a": {1: "x"}}, "items[3].data: cannot be stored as BSON: "),
+        ("data", {"a": [{1, 2}]}, "items[3].data: cannot be stored as BSON: "),
+        ("data", {"a": 2**64}, "items[3].data: cannot be stored as BSON: "),
+        ("data", {"a\x00b": 1}, "items[3].data: cannot be stored as BSON: "),
+        ("data", {"blob": "x" * (17 * 1024 * 1024)}, "items[3].data: must encode to at most"),
         ("data_key", "", "items[3].data_key: must be a non-empty str"),
     ],
 )
@@ -246,6 +252,8 @@ def test_not_a_feed_item(router: FeedRouter) -> None:
     """A dict instead of a FeedItem is InvalidItem, not AttributeError."""
     with pytest.raises(InvalidItem, match=r"item: must be a FeedItem \(got dict\)"):
         router.write({"receiver_id": 1})  # type: ignore[arg-type]
+    with pytest.raises(InvalidItem, match=r"items: must be an iterable of FeedItem \(got NoneType\)"):
+        router.write_many(None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
