@@ -1,7 +1,7 @@
 """The ``feedrouter`` command line. Results go to stdout, logs to stderr.
 
-Exit codes: 0 ok, 1 operational error (a cluster down, a failed check), 2 usage or
-configuration error. No traceback unless ``-v``.
+Exit codes: 0 ok, 1 operational error (a cluster down, a failed check, a refused
+change), 2 usage or configuration error. No traceback unless ``-v``.
 """
 
 from __future__ import annotations
@@ -10,35 +10,81 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
 
 from . import __version__
-from .config import load_config
-from .errors import ConfigError, RouterError
-from .router import FeedRouter
+from .clusters import Cluster, Clusters
+from .config import RouterConfig, load_config
+from .errors import ClusterUnavailable, ConfigError, RouterError
+from .migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
+from .periods import apply_period, plan_period
+from .timemap import TimeMap, format_period
 
 __all__ = ["main"]
 
 log = logging.getLogger(__name__)
+UTC = timezone.utc
+
+
+class _UsageError(Exception):
+    """Bad arguments: exit code 2."""
+
+
+class _Failed(Exception):
+    """The command ran and found problems, already printed: exit code 1."""
+
+
+class _Progress:
+    """``[i/n] what`` on stderr, rewritten in place, only when stderr is a terminal."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.total = total
+        self.stream = stream
+        self.enabled = stream.isatty() and total > 1
+        self.done = 0
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.enabled:
+            self.stream.write(f"\r\x1b[2K[{self.done}/{self.total}] {what}")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+
+
+def _when(text: str) -> datetime:
+    """An ISO date or datetime; a naive value is UTC (the CLI's documented rule)."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO date or datetime: {text!r} (e.g. 2026-12-01 or 2026-12-01T00:00:00Z)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="feedrouter",
         description="Store and read social feeds across MongoDB clusters split by time.",
+        epilog="Exit codes: 0 ok, 1 operational error, 2 usage or configuration error.",
     )
     parser.add_argument("--version", action="version", version=f"feedrouter {__version__}")
     parser.add_argument("-c", "--config", default="clusters.yaml", help="path to clusters.yaml (default: %(default)s)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging; -v also shows tracebacks")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug); shows tracebacks")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log errors only")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser(
         "demo",
         help="start three local clusters, write and read a feed across them, stop them",
-        description="Start three local MongoDB-wire servers (mongod if on PATH, else FerretDB), register "
+        description="Start three local MongoDB-wire servers (mongod if on PATH, else FerretDB), add them as "
         "three consecutive periods, write fanned-out feed items (some late), page a feed newest first "
         "across the boundaries, delete one item everywhere, check every claim, and stop the servers.",
     )
@@ -48,11 +94,55 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "check",
-        help="validate clusters.yaml, connect to every cluster and validate the metadata",
-        description="Load the configuration, connect to every cluster and build the time map. "
-        "Prints the map, or every problem found; exits 0 when all is well.",
+        help="validate clusters.yaml, every cluster's reachability, metadata and migrations",
+        description="Load the configuration, connect to every cluster, validate the metadata documents "
+        "and the time map, and check that every cluster has all migrations applied. Prints the time map, "
+        "or every problem found; exits 0 only when there is none.",
     )
+    sub.add_parser(
+        "status",
+        help="a table of clusters: period, reachable, round trip, documents, migrations",
+        description="Show, for each configured cluster: its period, whether it answers, the round-trip "
+        "time of a ping, the estimated number of feed documents and the migrations applied. "
+        "Exits 1 if any cluster is unreachable.",
+    )
+    migrate = sub.add_parser(
+        "migrate",
+        help="apply pending migrations to every cluster (or one)",
+        description="Apply the pending migrations in migrations/ to each cluster in order, recording "
+        "each in the cluster's migrations collection. Re-running applies nothing; a migration changed "
+        "after it was applied is refused.",
+    )
+    migrate.add_argument("--cluster", metavar="NAME", help="only this cluster")
+    migrate.add_argument("--dry-run", action="store_true", help="print the commands without sending them")
+    migrate.add_argument("--migrations", type=Path, default=None, help="migrations folder (default: the repo's migrations/)")
+
+    add = sub.add_parser(
+        "add-cluster",
+        help="give a cluster listed in clusters.yaml its period (migrate, write metadata)",
+        description="Add NAME (already listed in clusters.yaml with its uri) as the owner of the period "
+        "[--start, --end). Checks the period against the time map loaded from every cluster, runs the "
+        "migrations on NAME, closes the current open-ended period at --start when --close-previous is "
+        "given, writes NAME's metadata and prints the new time map. Refuses any change that overlaps "
+        "another period or strands stored documents. Re-running it is harmless. Times are ISO 8601; "
+        "a time without an offset is UTC.",
+    )
+    add.add_argument("name", metavar="NAME", help="the cluster's name in clusters.yaml")
+    add.add_argument("--start", type=_when, required=True, help="first instant of the period, e.g. 2026-12-01")
+    add.add_argument("--end", type=_when, default=None, help="end of the period, exclusive (default: open-ended)")
+    add.add_argument("--creator", default="", help="recorded as creator_name in the metadata")
+    add.add_argument("--close-previous", action="store_true",
+                     help="end the current open-ended period at --start (refused if it holds later documents)")
+    add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    add.add_argument("--migrations", type=Path, default=None, help="migrations folder (default: the repo's migrations/)")
     return parser
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+# -- commands ---------------------------------------------------------------------------
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -63,38 +153,157 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(sys.stdout, posts=args.posts, backend=args.backend)
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    with FeedRouter(config) as router:
-        tm = router.timemap
-        if args.json:
-            report: dict[str, Any] = {
-                "ok": True,
-                "clusters": [
-                    {"name": m.name, "start_date": m.start_date.isoformat(),
-                     "end_date": m.end_date.isoformat() if m.end_date else None}
-                    for m in tm.periods
-                ],
-                "gaps": [[a.isoformat(), b.isoformat()] for a, b in tm.gaps],
-            }
-            print(json.dumps(report, indent=2))
-        else:
-            print(f"{args.config}: {len(tm)} clusters, time map:")
-            print(tm.describe())
-            for a, b in tm.gaps:
-                print(f"warning: gap from {a.isoformat()} to {b.isoformat()}: writes in it fail")
+def _cmd_check(args: argparse.Namespace, config: RouterConfig) -> int:
+    migrations = discover()
+    problems: list[str] = []
+    with Clusters(config) as clusters:
+        metas, meta_problems, down = clusters.inspect_metadata()
+        problems += [str(e) for e in down.values()]
+        problems += meta_problems
+        reachable = [n for n in clusters.names if n not in down]
+        applied = clusters.each(lambda c: applied_migrations(c, config), reachable)
+        for name, done in applied.items():
+            if isinstance(done, ClusterUnavailable):
+                problems.append(str(done))
+                continue
+            missing = [m.id for m in migrations if m.id not in done]
+            if missing:
+                problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
+    timemap = TimeMap(metas) if not meta_problems else None
+    report: dict[str, Any] = {"ok": not problems, "problems": problems}
+    lines = []
+    if timemap is not None:
+        report["clusters"] = [
+            {"name": m.name, "start_date": m.start_date, "end_date": m.end_date} for m in timemap.periods
+        ]
+        report["gaps"] = [[a, b] for a, b in timemap.gaps]
+        lines.append(f"{config.source}: {len(timemap)} periods:")
+        lines.append(timemap.describe())
+        lines += [f"warning: gap from {a.isoformat()} to {b.isoformat()}: writes in it fail" for a, b in timemap.gaps]
+    lines += [f"problem: {p}" for p in problems]
+    lines.append("ok" if not problems else f"{len(problems)} problems")
+    _emit(args, report, "\n".join(lines))
+    if problems:
+        raise _Failed
     return 0
 
 
-class _UsageError(Exception):
-    pass
+def _cluster_status(cluster: Cluster, config: RouterConfig) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cluster.ping()
+    rtt = (time.perf_counter() - t0) * 1000
+    docs = cluster.metadata_documents()
+    meta = docs[0] if len(docs) == 1 else None
+    count = cluster.call("counting feed", lambda: cluster.feed.estimated_document_count())
+    applied = sorted(cluster.call(
+        "reading migrations", lambda: [d["_id"] for d in cluster.client[config.database][MIGRATIONS_COLLECTION].find({})]
+    ))
+    return {"rtt_ms": round(rtt, 2), "meta": meta, "metadata_documents": len(docs), "feed_documents": count, "migrations": applied}
+
+
+def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
+    standby = set(config.rollover.standby) if config.rollover else set()
+    rows: list[dict[str, Any]] = []
+    with Clusters(config) as clusters:
+        progress = _Progress(len(clusters))
+        results = clusters.each(lambda c: _cluster_status(c, config))
+        for name, result in results.items():
+            progress.step(name)
+            row: dict[str, Any] = {"cluster": name, "uri": clusters[name].spec.display_uri}
+            if isinstance(result, ClusterUnavailable):
+                row.update(reachable=False, error=str(result), period=None)
+            else:
+                meta = result.pop("meta")
+                if meta is not None:
+                    row["period"] = {"start_date": meta.get("start_date"), "end_date": meta.get("end_date")}
+                else:
+                    row["period"] = None
+                row.update(reachable=True, standby=name in standby, **result)
+            rows.append(row)
+        progress.close()
+    header = f"{'cluster':<14} {'period':<50} {'reachable':<9} {'rtt ms':>7} {'feed docs':>10}  migrations"
+    lines = [header]
+    for row in rows:
+        if row["period"]:
+            period = format_period(row["period"]["start_date"], row["period"]["end_date"])
+        elif row.get("standby"):
+            period = "(standby, no period yet)"
+        else:
+            period = "(no metadata)" if row["reachable"] else "?"
+        if row["reachable"]:
+            lines.append(
+                f"{row['cluster']:<14} {period:<50} {'yes':<9} {row['rtt_ms']:>7.1f} {row['feed_documents']:>10}  "
+                f"{', '.join(row['migrations']) or '-'}"
+            )
+        else:
+            lines.append(f"{row['cluster']:<14} {period:<50} {'NO':<9} {'-':>7} {'-':>10}  -")
+    lines += [f"error: {row['error']}" for row in rows if not row["reachable"]]
+    _emit(args, rows, "\n".join(lines))
+    if any(not row["reachable"] for row in rows):
+        raise _Failed
+    return 0
+
+
+def _cmd_migrate(args: argparse.Namespace, config: RouterConfig) -> int:
+    migrations = discover(args.migrations)
+    if args.cluster is not None and args.cluster not in [c.name for c in config.clusters]:
+        raise _UsageError(f"--cluster: {args.cluster!r} is not in {config.source}")
+    reports: list[dict[str, Any]] = []
+    failed = False
+    with Clusters(config) as clusters:
+        names = [args.cluster] if args.cluster else clusters.names
+        progress = _Progress(len(names))
+        for name in names:  # one cluster at a time, in configuration order
+            progress.step(name)
+            try:
+                report = migrate_cluster(clusters[name], config, migrations, dry_run=args.dry_run)
+            except ClusterUnavailable as exc:
+                reports.append({"cluster": name, "error": str(exc)})
+                failed = True
+                continue
+            reports.append({"cluster": name, "applied": list(report.applied), "already": list(report.already),
+                            "steps": list(report.steps), "dry_run": report.dry_run})
+        progress.close()
+    lines = []
+    for r in reports:
+        if "error" in r:
+            lines.append(f"{r['cluster']}: FAILED: {r['error']}")
+            continue
+        verb = "would apply" if r["dry_run"] else "applied"
+        lines.append(f"{r['cluster']}: {verb} {', '.join(r['applied']) or 'nothing'} ({len(r['already'])} already applied)")
+        lines += [f"  {step}" for step in r["steps"]]
+    _emit(args, reports, "\n".join(lines))
+    if failed:
+        raise _Failed
+    return 0
+
+
+def _cmd_add_cluster(args: argparse.Namespace, config: RouterConfig) -> int:
+    migrations = discover(args.migrations)
+    with Clusters(config) as clusters:
+        change = plan_period(
+            clusters, name=args.name, start=args.start, end=args.end, creator=args.creator,
+            close_previous=args.close_previous,
+        )
+        plan = change.describe()
+        done = apply_period(clusters, change, migrations=migrations, dry_run=args.dry_run)
+        timemap = change.timemap if args.dry_run else clusters.load_timemap()
+    lines = [("dry run, nothing changed: " if args.dry_run else "") + "plan:", *[f"  {p}" for p in plan], "steps:",
+             *[f"  {d}" for d in done], ("current" if args.dry_run else "new") + " time map:", timemap.describe()]
+    data = {"dry_run": args.dry_run, "plan": plan, "steps": done,
+            "time_map": [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date} for m in timemap.periods]}
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``feedrouter``; return the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    level = logging.ERROR if args.quiet else (logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
+    level = logging.ERROR if args.quiet else {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -103,7 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _cmd_demo(args)
-        return _cmd_check(args)
+        config = load_config(args.config)
+        commands = {"check": _cmd_check, "status": _cmd_status, "migrate": _cmd_migrate, "add-cluster": _cmd_add_cluster}
+        return commands[args.command](args, config)
+    except _Failed:
+        return 1
     except _UsageError as exc:
         parser.print_usage(sys.stderr)
         print(f"feedrouter: error: {exc}", file=sys.stderr)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Collection as AnyCollection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import attrs
-from pymongo import ASCENDING, DESCENDING, MongoClient
+from pymongo import MongoClient
 from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError, PyMongoError
 
@@ -24,17 +25,10 @@ from .errors import ClusterUnavailable, InvalidItem, MetadataError
 from .model import ClusterMeta
 from .timemap import TimeMap
 
-__all__ = ["Cluster", "Clusters", "Capabilities", "FEED_INDEXES", "driver_error"]
+__all__ = ["Cluster", "Clusters", "Capabilities", "driver_error"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-#: The indexes every cluster's feed collection needs: the newest-first page of one
-#: receiver, and every copy of one item (deletes).
-FEED_INDEXES: tuple[tuple[str, list[tuple[str, int]]], ...] = (
-    ("receiver_time_id", [("receiver_id", ASCENDING), ("event_time", DESCENDING), ("_id", DESCENDING)]),
-    ("data_key", [("data_key", ASCENDING)]),
-)
 
 #: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml.
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -116,14 +110,6 @@ class Cluster:
             version=str(info.get("ferretdbVersion") if ferret else info.get("version")),
         )
 
-    def ensure_indexes(self) -> None:
-        """Create the feed indexes (a no-op when they exist)."""
-        for name, keys in FEED_INDEXES:
-            try:
-                self.feed.create_index(keys, name=name)
-            except PyMongoError as exc:
-                raise driver_error(self.name, exc, doing=f"creating index {name}") from exc
-
     def metadata_documents(self) -> list[dict[str, Any]]:
         """Every document in this cluster's metadata collection (a valid cluster has one)."""
         return self.call("reading metadata", lambda: list(self.metadata.find({}, limit=10)))
@@ -196,30 +182,29 @@ class Clusters:
         """Run ``fn(*args)`` on the shared pool (one worker per cluster); returns a Future."""
         return self._pool.submit(fn, *args)
 
-    def load_timemap(self) -> TimeMap:
-        """Read every cluster's metadata and build the time map.
+    def inspect_metadata(
+        self, *, allow_missing: AnyCollection[str] = ()
+    ) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterUnavailable]]:
+        """Read every cluster's metadata: the valid documents, every problem, and the unreachable clusters.
 
-        Raises :class:`ClusterUnavailable` naming every unreachable cluster, or
-        :class:`MetadataError` listing every problem: no or several metadata
-        documents, an ``_id`` that is not the configured name, a malformed field,
-        overlapping periods, more than one open-ended period.
+        Clusters named in *allow_missing* or listed as rollover standbys may have no
+        metadata yet. Problems are: no or several metadata documents, an ``_id`` that
+        is not the configured name, a malformed field, and (when every document is
+        well-formed) overlapping periods or more than one open-ended period.
         """
+        standby = set(self.config.rollover.standby) if self.config.rollover else set()
+        optional = standby | set(allow_missing)
         answers = self.each(lambda c: c.metadata_documents())
         down = {n: r for n, r in answers.items() if isinstance(r, ClusterUnavailable)}
-        if down:
-            first = next(iter(down.values()))
-            if len(down) == 1:
-                raise first
-            raise ClusterUnavailable(
-                ", ".join(down), "unreachable at start-up: " + "; ".join(str(e) for e in down.values())
-            ) from first
         problems: list[str] = []
         metas: list[ClusterMeta] = []
         coll = f"{self.config.database}.{self.config.metadata_collection}"
         for name, docs in answers.items():
-            assert not isinstance(docs, ClusterUnavailable)
+            if isinstance(docs, ClusterUnavailable):
+                continue
             if not docs:
-                problems.append(f"cluster {name!r}: no metadata document in {coll}")
+                if name not in optional:
+                    problems.append(f"cluster {name!r}: no metadata document in {coll}")
                 continue
             if len(docs) > 1:
                 ids = ", ".join(repr(d.get("_id")) for d in docs)
@@ -237,6 +222,22 @@ class Clusters:
                 problems.append(f"cluster {name!r}: metadata.{exc}")
         if not problems:
             problems = TimeMap.problems(metas)
+        return metas, problems, down
+
+    def load_timemap(self, *, allow_missing: AnyCollection[str] = ()) -> TimeMap:
+        """Read every cluster's metadata and build the time map (see :meth:`inspect_metadata`).
+
+        Raises :class:`ClusterUnavailable` naming every unreachable cluster, else
+        :class:`MetadataError` listing every problem.
+        """
+        metas, problems, down = self.inspect_metadata(allow_missing=allow_missing)
+        if down:
+            first = next(iter(down.values()))
+            if len(down) == 1:
+                raise first
+            raise ClusterUnavailable(
+                ", ".join(down), "unreachable: " + "; ".join(str(e) for e in down.values())
+            ) from first
         if problems:
             raise MetadataError(problems)
         timemap = TimeMap(metas)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,20 @@ import yaml
 from .errors import ConfigError, ConfigProblem
 from .timemap import ReadWindow
 
-__all__ = ["ClusterConfig", "RouterConfig", "load_config", "parse_config", "redact_uri", "DRIVER_OPTIONS"]
+__all__ = [
+    "ClusterConfig",
+    "RolloverConfig",
+    "RouterConfig",
+    "load_config",
+    "parse_config",
+    "redact_uri",
+    "parse_duration",
+    "DRIVER_OPTIONS",
+    "CALENDAR_PERIODS",
+]
+
+#: Period kinds measured in calendar months.
+CALENDAR_PERIODS = {"monthly": 1, "quarterly": 3, "yearly": 12}
 
 #: Driver options a cluster may set, with the type each must have.
 DRIVER_OPTIONS: Mapping[str, type | tuple[type, ...]] = {
@@ -103,6 +116,23 @@ class ClusterConfig:
 
 
 @attrs.frozen(kw_only=True)
+class RolloverConfig:
+    """When periods end and which clusters take over (used by ``feedrouter rollover`` and the scheduler).
+
+    ``period`` is ``"monthly"``, ``"quarterly"``, ``"yearly"`` or a whole number of days
+    or weeks (``"30d"``, ``"2w"``) counted from ``anchor``; boundaries are UTC midnights.
+    ``lead_time`` is how long before a boundary the next period is opened; ``standby``
+    lists configured clusters kept migrated and empty, with no metadata yet, in the
+    order they will be used.
+    """
+
+    period: str = "monthly"
+    lead_time: timedelta = timedelta(days=7)
+    standby: tuple[str, ...] = ()
+    anchor: datetime = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@attrs.frozen(kw_only=True)
 class RouterConfig:
     """Everything ``clusters.yaml`` says, validated.
 
@@ -118,6 +148,7 @@ class RouterConfig:
     metadata_collection: str = "metadata"
     read_window: ReadWindow = attrs.field(factory=ReadWindow)
     batch_size: int = 1000
+    rollover: RolloverConfig | None = None
     source: str = "<config>"
 
     def cluster(self, name: str) -> ClusterConfig:
@@ -224,7 +255,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         raise ConfigError([ConfigProblem(source, line, col, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
     if root is None:
         raise ConfigError([ConfigProblem(source, 0, 0, "", "the file is empty; it needs at least a 'clusters' list")])
-    top = r.mapping(root, "", {"database", "collections", "read_window", "write", "clusters"})
+    top = r.mapping(root, "", {"database", "collections", "read_window", "write", "rollover", "clusters"})
     if top is None:
         raise ConfigError(r.problems)
 
@@ -251,9 +282,80 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         r.problem(top["clusters"], "clusters", f"must be a non-empty list (got {r._show(top['clusters'])})")
     else:
         clusters = _clusters(r, top["clusters"])
+    if "rollover" in top:
+        kwargs["rollover"] = _rollover(r, top["rollover"], {c.name for c in clusters}, bool(clusters))
     if r.problems:
         raise ConfigError(sorted(r.problems, key=lambda p: (p.line, p.column)))
     return RouterConfig(clusters=tuple(clusters), **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def parse_duration(raw: object) -> timedelta | None:
+    """``"90d"``, ``"12h"``, ``"4w"``, ``"30m"``, ``"45s"`` as a positive timedelta, else ``None``."""
+    m = _DURATION.match(raw) if isinstance(raw, str) else None
+    if m is None or int(m.group(1)) == 0:
+        return None
+    return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+
+
+def _duration(r: _Reader, node: yaml.Node, path: str) -> timedelta | None:
+    raw = r.value(node, path)
+    value = parse_duration(raw)
+    if value is None:
+        r.problem(node, path, f"must be a positive duration like 90d, 12h, 4w (got {raw!r})")
+    return value
+
+
+_PERIOD = re.compile(r"^\s*(\d+)\s*([dw])\s*$")
+
+
+def _rollover(r: _Reader, node: yaml.Node, names: set[str], check_names: bool) -> RolloverConfig | None:
+    spec = r.mapping(node, "rollover", {"period", "lead_time", "standby", "anchor"})
+    if spec is None:
+        return None
+    kwargs: dict[str, Any] = {}
+    length: timedelta | None = timedelta(days=28)  # the shortest calendar period
+    if "period" in spec:
+        raw = r.value(spec["period"], "rollover.period")
+        m = _PERIOD.match(raw) if isinstance(raw, str) else None
+        if isinstance(raw, str) and raw in CALENDAR_PERIODS:
+            kwargs["period"] = raw
+            length = timedelta(days=28 * CALENDAR_PERIODS[raw])
+        elif m is not None and int(m.group(1)) > 0:
+            kwargs["period"] = f"{int(m.group(1))}{m.group(2)}"
+            length = timedelta(days=int(m.group(1)) * (7 if m.group(2) == "w" else 1))
+        else:
+            r.problem(spec["period"], "rollover.period", f"must be monthly, quarterly, yearly, or days/weeks like 30d, 2w (got {raw!r})")
+            length = None
+    if "lead_time" in spec:
+        lead = _duration(r, spec["lead_time"], "rollover.lead_time")
+        if lead is not None and length is not None and lead >= length:
+            r.problem(spec["lead_time"], "rollover.lead_time", f"must be shorter than the period (got {r.value(spec['lead_time'], 'rollover.lead_time')!r})")
+        elif lead is not None:
+            kwargs["lead_time"] = lead
+    if "anchor" in spec:
+        raw = r.value(spec["anchor"], "rollover.anchor")
+        if isinstance(raw, date) and not isinstance(raw, datetime):
+            kwargs["anchor"] = datetime(raw.year, raw.month, raw.day, tzinfo=timezone.utc)
+        else:
+            r.problem(spec["anchor"], "rollover.anchor", f"must be a date like 2024-01-01 (got {raw!r})")
+    if "standby" in spec:
+        node_list = spec["standby"]
+        if not isinstance(node_list, yaml.SequenceNode):
+            r.problem(node_list, "rollover.standby", f"must be a list of cluster names (got {r._show(node_list)})")
+        else:
+            standby: list[str] = []
+            for i, item in enumerate(node_list.value):
+                name = r.string(item, f"rollover.standby[{i}]")
+                if name is None:
+                    continue
+                if check_names and name not in names:
+                    r.problem(item, f"rollover.standby[{i}]", f"must name a cluster listed under clusters (got {name!r})")
+                elif name in standby:
+                    r.problem(item, f"rollover.standby[{i}]", f"listed twice (got {name!r})")
+                else:
+                    standby.append(name)
+            kwargs["standby"] = tuple(standby)
+    return RolloverConfig(**kwargs)
 
 
 def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:
@@ -261,14 +363,7 @@ def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:
     if spec is None:
         return None
     clusters = r.integer(spec["clusters"], "read_window.clusters", minimum=1) if "clusters" in spec else None
-    max_age = None
-    if "max_age" in spec:
-        raw = r.value(spec["max_age"], "read_window.max_age")
-        m = _DURATION.match(str(raw)) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else None
-        if m is None or int(m.group(1)) == 0:
-            r.problem(spec["max_age"], "read_window.max_age", f"must be a positive duration like 90d, 12h, 4w (got {raw!r})")
-        else:
-            max_age = timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+    max_age = _duration(r, spec["max_age"], "read_window.max_age") if "max_age" in spec else None
     return ReadWindow(clusters=clusters, max_age=max_age)
 
 

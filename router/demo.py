@@ -1,8 +1,8 @@
 """The demo: three local clusters, three periods, a few thousand feed items, read back newest first.
 
 Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own local
-servers (mongod if on PATH, else FerretDB), registers one period per cluster the
-way an operator does, writes fanned-out posts (including late events that belong
+servers (mongod if on PATH, else FerretDB), adds the clusters one at a time the way
+an operator does (clusters.yaml grows, add-cluster gives each its period), writes fanned-out posts (including late events that belong
 to older periods), pages one receiver's feed across the period boundaries,
 deletes one post from every receiver's feed by ``data_key``, checks every claim
 with plain pymongo, and stops the servers.
@@ -19,12 +19,14 @@ from typing import TextIO
 
 from pymongo import MongoClient
 
-from .clusters import Cluster
+from .clusters import Clusters
 from .config import load_config
+from .migrate import discover
+from .periods import apply_period, plan_period
 from .errors import RouterError
 from .ids import data_key
 from .localservers import LocalClusters
-from .model import ClusterMeta, FeedItem
+from .model import FeedItem
 from .router import FeedRouter
 
 __all__ = ["run_demo", "demo_periods"]
@@ -76,16 +78,12 @@ def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, se
         for server in local.servers:
             out(f"   {server.name}: {server.uri} ({server.backend}, data in {server.data_dir})")
         config_path = Path(tmp) / "clusters.yaml"
-        config_path.write_text(
-            CONFIG_TEMPLATE.format(
-                clusters="\n".join(f"  - name: {s.name}\n    uri: {s.uri}" for s in local.servers)
-            )
-        )
+        cluster_lines = [f"  - name: {s.name}\n    uri: {s.uri}" for s in local.servers]
         raw: dict[str, MongoClient[dict[str, object]]] = {
             s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers
         }
         try:
-            return _run(out, rng, now, periods, names, config_path, raw, posts)
+            return _run(out, rng, now, periods, names, config_path, cluster_lines, raw, posts)
         except RouterError as exc:
             out(f"!! {type(exc).__name__}: {exc}")
             return 1
@@ -102,6 +100,7 @@ def _run(
     periods: list[tuple[datetime, datetime | None]],
     names: list[str],
     config_path: Path,
+    cluster_lines: list[str],
     raw: dict[str, MongoClient[dict[str, object]]],
     posts: int,
 ) -> int:
@@ -112,15 +111,14 @@ def _run(
         if not ok:
             failures.append(claim)
 
-    out("== registering one period per cluster (metadata document + feed indexes)")
-    config = load_config(config_path)
-    for spec, (start, end) in zip(config.clusters, periods):
-        cluster = Cluster(spec, config)
-        try:
-            cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="demo", created_at=now))
-            cluster.ensure_indexes()
-        finally:
-            cluster.close()
+    out("== adding the clusters one by one, as an operator does (edit clusters.yaml, run add-cluster)")
+    migrations = discover()
+    for count, (name, (start, _end)) in enumerate(zip(names, periods), start=1):
+        config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines[:count])))
+        with Clusters(load_config(config_path)) as clusters:
+            change = plan_period(clusters, name=name, start=start, close_previous=count > 1, creator="demo", now=now)
+            for line in apply_period(clusters, change, migrations=migrations):
+                out(f"   {line}")
 
     with FeedRouter.from_yaml(config_path) as router:
         out("   time map loaded by the router from the clusters' metadata:")

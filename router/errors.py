@@ -21,6 +21,8 @@ __all__ = [
     "InvalidCursor",
     "WriteFailed",
     "DeleteFailed",
+    "MigrationError",
+    "PeriodChangeRefused",
 ]
 
 
@@ -136,3 +138,18 @@ class DeleteFailed(RouterError):
         self.failed = dict(failed)
         names = ", ".join(sorted(self.failed))
         super().__init__(f"delete reached only part of the clusters ({deleted} removed); failed: {names}")
+
+
+class MigrationError(RouterError):
+    """Raised when migrations cannot be applied: a changed or unknown applied migration, a bad file."""
+
+
+class PeriodChangeRefused(RouterError):
+    """Raised when a change to the periods (add-cluster, rollover) would overlap, strand data or misroute writes.
+
+    ``problems`` lists every reason; no cluster was changed.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("refused:\n  " + "\n  ".join(self.problems))

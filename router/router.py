@@ -253,12 +253,6 @@ class FeedRouter:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def ensure_indexes(self) -> None:
-        """Create the feed indexes in every cluster (idempotent)."""
-        for name, result in self._clusters.each(lambda c: c.ensure_indexes()).items():
-            if isinstance(result, ClusterUnavailable):
-                raise result
-
     def close(self) -> None:
         """Close every client and worker thread."""
         self._clusters.close()

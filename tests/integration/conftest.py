@@ -18,6 +18,7 @@ from pymongo import MongoClient
 from router import ClusterConfig, ClusterMeta, FeedRouter, ReadWindow, RouterConfig
 from router.clusters import Cluster
 from router.localservers import LocalClusters
+from router.migrate import discover, migrate_cluster
 
 UTC = timezone.utc
 #: The three demo periods used by most tests: [P0, P1), [P1, P2), [P2, open).
@@ -76,15 +77,18 @@ def make_config(servers: LocalClusters, db_name: str) -> Callable[..., RouterCon
     return make
 
 
+MIGRATIONS = discover()
+
+
 def register(config: RouterConfig, periods: Sequence[tuple[datetime, datetime | None]] = PERIODS) -> None:
-    """Write each cluster's metadata document and the feed indexes, as an operator would."""
+    """Migrate each cluster and write its metadata document directly (periods may be deliberately invalid)."""
     for spec, (start, end) in zip(config.clusters, periods):
         cluster = Cluster(spec, config)
         try:
+            migrate_cluster(cluster, config, MIGRATIONS)
             cluster.write_meta(
                 ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="tests", created_at=start)
             )
-            cluster.ensure_indexes()
         finally:
             cluster.close()
 

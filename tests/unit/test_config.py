@@ -73,7 +73,7 @@ clusters:
   - uri: mongodb://h:3
 """
     assert problems(text) == [
-        "clusters.yaml:2:1: colections: unknown key (expected one of: clusters, collections, database, read_window, write)",
+        "clusters.yaml:2:1: colections: unknown key (expected one of: clusters, collections, database, read_window, rollover, write)",
         "clusters.yaml:3:25: read_window.clusters: must be at least 1 (got 0)",
         "clusters.yaml:3:37: read_window.max_age: must be a positive duration like 90d, 12h, 4w (got '12x')",
         "clusters.yaml:4:21: write.batch_size: must be an integer (got 'many')",
@@ -148,3 +148,26 @@ def test_sample_config_in_repo_is_valid() -> None:
     """The clusters.yaml shipped at the repo root loads."""
     cfg = load_config(Path(__file__).resolve().parents[2] / "clusters.yaml", env={})
     assert [c.name for c in cfg.clusters] == ["cluster_1", "cluster_2", "cluster_3"]
+
+
+def test_rollover_section() -> None:
+    """Rollover settings parse; standby names must be configured clusters."""
+    text = GOOD + "rollover:\n  period: quarterly\n  lead_time: 10d\n  standby: [cluster_2]\n  anchor: 2024-01-01\n"
+    ro = parse_config(text, env={"PW": "x"}).rollover
+    assert ro is not None
+    assert (ro.period, ro.lead_time, ro.standby) == ("quarterly", timedelta(days=10), ("cluster_2",))
+    assert ro.anchor.isoformat() == "2024-01-01T00:00:00+00:00"
+    assert parse_config(GOOD + "rollover: {period: 2w}\n", env={"PW": "x"}).rollover.period == "2w"  # type: ignore[union-attr]
+
+
+def test_rollover_problems() -> None:
+    """Unknown standby names, bad periods and lead times longer than the period are all reported."""
+    text = GOOD + "rollover:\n  period: fortnightly\n  lead_time: 40d\n  standby: [nope, cluster_2, cluster_2]\n  anchor: soon\n"
+    assert problems(text, env={"PW": "x"}) == [
+        "clusters.yaml:11:11: rollover.period: must be monthly, quarterly, yearly, or days/weeks like 30d, 2w (got 'fortnightly')",
+        "clusters.yaml:13:13: rollover.standby[0]: must name a cluster listed under clusters (got 'nope')",
+        "clusters.yaml:13:30: rollover.standby[2]: listed twice (got 'cluster_2')",
+        "clusters.yaml:14:11: rollover.anchor: must be a date like 2024-01-01 (got 'soon')",
+    ]
+    lead = GOOD + "rollover: {period: monthly, lead_time: 30d}\n"
+    assert problems(lead, env={"PW": "x"}) == ["clusters.yaml:10:40: rollover.lead_time: must be shorter than the period (got '30d')"]

@@ -1,0 +1,194 @@
+"""Changing the periods: give a cluster a period, and close the open-ended one where it starts.
+
+The operator's ``feedrouter add-cluster`` and the rollover scheduler both go through
+:func:`plan_period` and then :func:`apply_period`. Planning reads every cluster's
+metadata and refuses, with every reason at once (:class:`PeriodChangeRefused`), any
+change that would overlap another period or strand data:
+
+* a boundary that would cut through stored documents: closing a period before its
+  latest stored ``event_time``, or opening a period on a cluster that already holds
+  documents outside it;
+* a cluster that already owns a different period (periods are not moved here);
+* a cluster that is not in ``clusters.yaml``.
+
+Applying is idempotent and ordered so that a crash at any point leaves a valid map
+and re-running finishes the job. Migrations run on the new cluster first. Then the
+previous period is closed, which at worst leaves a gap that refuses writes, never an
+overlap. Last, the new cluster's metadata is written.
+
+Example::
+
+    change = plan_period(clusters, name="cluster_4", start=boundary, close_previous=True, creator="ops")
+    for line in apply_period(clusters, change, migrations=discover()):
+        print(line)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+from pymongo.errors import PyMongoError
+
+from .clusters import Clusters, driver_error
+from .errors import PeriodChangeRefused
+from .migrate import Migration, migrate_cluster
+from .model import ClusterMeta, to_utc
+from .timemap import TimeMap, format_period
+
+__all__ = ["PeriodChange", "plan_period", "apply_period", "stored_outside"]
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+
+
+@attrs.frozen
+class PeriodChange:
+    """A checked plan: write ``new`` to its cluster, and close ``close`` (if any) at ``new.start_date``."""
+
+    new: ClusterMeta
+    close: ClusterMeta | None
+    already_done: bool
+    timemap: TimeMap
+
+    def describe(self) -> list[str]:
+        """The plan as lines of text."""
+        if self.already_done:
+            return [f"cluster {self.new.name!r} already owns {format_period(self.new.start_date, self.new.end_date)}: nothing to change"]
+        lines = []
+        if self.close is not None:
+            lines.append(
+                f"close cluster {self.close.name!r} at {self.new.start_date.isoformat()}: "
+                f"{format_period(self.close.start_date, self.close.end_date)}"
+            )
+        lines.append(f"open cluster {self.new.name!r}: {format_period(self.new.start_date, self.new.end_date)}")
+        return lines
+
+
+def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: datetime | None) -> tuple[int, datetime | None]:
+    """How many feed documents of cluster *name* lie outside ``[start, end)``, and the latest such time."""
+    feed = clusters[name].feed
+    outside: list[dict[str, Any]] = []
+    if start is not None:
+        outside.append({"event_time": {"$lt": start}})
+    if end is not None:
+        outside.append({"event_time": {"$gte": end}})
+    if not outside:
+        return 0, None
+    query = outside[0] if len(outside) == 1 else {"$or": outside}
+    try:
+        count = feed.count_documents(query)
+        latest = None
+        if count:
+            doc = feed.find_one(query, sort=[("event_time", -1)], projection={"event_time": 1})
+            latest = doc["event_time"] if doc else None
+    except PyMongoError as exc:
+        raise driver_error(name, exc, doing="counting stored documents") from exc
+    return count, latest
+
+
+def plan_period(
+    clusters: Clusters,
+    *,
+    name: str,
+    start: datetime,
+    end: datetime | None = None,
+    creator: str = "",
+    close_previous: bool = False,
+    now: datetime | None = None,
+) -> PeriodChange:
+    """Check giving cluster *name* the period ``[start, end)``; raise :class:`PeriodChangeRefused` with every reason.
+
+    With *close_previous*, an open-ended period that starts before *start* is closed
+    at *start*; without it, such an overlap is refused.
+    """
+    problems: list[str] = []
+    start = to_utc(start, field="start")
+    end = to_utc(end, field="end") if end is not None else None
+    now = now or datetime.now(UTC)
+    if name not in clusters.names:
+        raise PeriodChangeRefused([f"cluster {name!r} is not in {clusters.config.source}: add its name and uri there first"])
+    if end is not None and end <= start:
+        raise PeriodChangeRefused([f"end {end.isoformat()} must be after start {start.isoformat()}"])
+    timemap = clusters.load_timemap(allow_missing={name})
+    new = ClusterMeta(name=name, start_date=start, end_date=end, creator_name=creator, created_at=now)
+    existing = next((m for m in timemap.periods if m.name == name), None)
+    if existing is not None:
+        if (existing.start_date, existing.end_date) == (start, end):
+            return PeriodChange(new=existing, close=None, already_done=True, timemap=timemap)
+        problems.append(
+            f"cluster {name!r} already owns {format_period(existing.start_date, existing.end_date)}; "
+            "add-cluster gives a period to a cluster without one and never moves an existing period"
+        )
+    close: ClusterMeta | None = None
+    for other in timemap.periods:
+        if other.name == name:
+            continue
+        overlaps = (end is None or other.start_date < end) and (other.end_date is None or start < other.end_date)
+        if not overlaps:
+            continue
+        if other.end_date is None and other.start_date < start and close_previous:
+            close = attrs.evolve(other, end_date=start)
+            count, latest = stored_outside(clusters, other.name, None, start)
+            if count:
+                problems.append(
+                    f"cluster {other.name!r} holds {count} documents at or after {start.isoformat()} "
+                    f"(latest {latest.isoformat() if latest else '?'}): closing its period there would strand them"
+                )
+        elif other.end_date is None and other.start_date < start:
+            problems.append(
+                f"overlaps the open-ended period of cluster {other.name!r} "
+                f"{format_period(other.start_date, other.end_date)}; pass close_previous (--close-previous) "
+                f"to end it at {start.isoformat()}"
+            )
+        else:
+            problems.append(
+                f"{format_period(start, end)} overlaps cluster {other.name!r} {format_period(other.start_date, other.end_date)}"
+            )
+    count, latest = stored_outside(clusters, name, start, end)
+    if count:
+        problems.append(
+            f"cluster {name!r} already holds {count} documents outside {format_period(start, end)} "
+            f"(latest {latest.isoformat() if latest else '?'}): they would be unreadable"
+        )
+    if problems:
+        raise PeriodChangeRefused(problems)
+    return PeriodChange(new=new, close=close, already_done=False, timemap=timemap)
+
+
+def apply_period(
+    clusters: Clusters, change: PeriodChange, *, migrations: Sequence[Migration], dry_run: bool = False
+) -> list[str]:
+    """Carry out *change* (migrations, close, open); return what was done, line by line.
+
+    Safe to re-run; in a dry run nothing is written and the lines say what would be.
+    """
+    lines: list[str] = []
+    target = clusters[change.new.name]
+    report = migrate_cluster(target, clusters.config, migrations, dry_run=dry_run)
+    lines.extend(f"{target.name}: {step}" for step in report.steps)
+    if not report.applied:
+        lines.append(f"{target.name}: migrations up to date ({len(report.already)} applied)")
+    verb = "would " if dry_run else ""
+    if change.already_done:
+        lines.extend(change.describe())
+        return lines
+    if change.close is not None:
+        # Checked again right before closing: documents may have arrived since planning.
+        count, latest = stored_outside(clusters, change.close.name, None, change.new.start_date)
+        if count:
+            raise PeriodChangeRefused([
+                f"cluster {change.close.name!r} received {count} documents at or after "
+                f"{change.new.start_date.isoformat()} since the plan was checked (latest {latest}); nothing was changed"
+            ])
+        lines.append(f"{verb}close cluster {change.close.name!r}: end_date = {change.new.start_date.isoformat()}")
+        if not dry_run:
+            clusters[change.close.name].write_meta(change.close)
+    lines.append(f"{verb}write metadata of cluster {change.new.name!r}: {format_period(change.new.start_date, change.new.end_date)}")
+    if not dry_run:
+        target.write_meta(change.new)
+        log.info("cluster %s now owns %s", change.new.name, format_period(change.new.start_date, change.new.end_date))
+    return lines

@@ -1,0 +1,162 @@
+"""The operator story, driven through the feedrouter CLI in subprocesses, as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from router import FeedItem, FeedRouter, data_key
+from router.localservers import LocalClusters
+
+from .conftest import NOW, P0, P1, P2
+
+REPO = Path(__file__).resolve().parents[2]
+Clients = dict[str, MongoClient[dict[str, Any]]]
+
+
+class Operator:
+    """Edits clusters.yaml and runs feedrouter, like a person at a terminal."""
+
+    def __init__(self, tmp: Path, db: str, uris: list[str]) -> None:
+        self.path = tmp / "clusters.yaml"
+        self.db = db
+        self.uris = uris
+        self.listed = 0
+
+    def list_clusters(self, count: int) -> None:
+        lines = [f"database: {self.db}", "clusters:"]
+        for i in range(count):
+            lines += [f"  - name: cluster_{i + 1}", f"    uri: {self.uris[i]}", "    options: {serverSelectionTimeoutMS: 1500}"]
+        self.path.write_text("\n".join(lines) + "\n")
+        self.listed = count
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        return subprocess.run([sys.executable, "-m", "router.cli", "-c", str(self.path), *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+
+def metadata(clients: Clients, db: str) -> dict[str, list[dict[str, Any]]]:
+    return {name: list(c[db].metadata.find({})) for name, c in clients.items()}
+
+
+def test_operator_grows_the_system(tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
+    """Start with one cluster, add two more with add-cluster, write everywhere, and see check/status tell the truth."""
+    op = Operator(tmp_path, db_name, servers.uris)
+    op.list_clusters(1)
+    r = op.run("add-cluster", "cluster_1", "--start", P0.isoformat(), "--creator", "ops")
+    assert r.returncode == 0, r.stderr
+    assert "cluster_1        [2024-01-01T00:00:00Z, open)" in r.stdout
+    assert op.run("check").returncode == 0
+
+    op.list_clusters(2)
+    r = op.run("check")
+    assert r.returncode == 1 and "cluster 'cluster_2': no metadata document" in r.stdout
+    before = metadata(raw_clients, db_name)
+    r = op.run("add-cluster", "cluster_2", "--start", P1.isoformat())
+    assert r.returncode == 1
+    assert "overlaps the open-ended period of cluster 'cluster_1'" in r.stderr and "--close-previous" in r.stderr
+    r = op.run("add-cluster", "cluster_2", "--start", P1.isoformat(), "--close-previous", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "dry run, nothing changed" in r.stdout and "would close cluster 'cluster_1'" in r.stdout
+    assert metadata(raw_clients, db_name) == before
+    r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous", "--creator", "ops")
+    assert r.returncode == 0, r.stderr
+    again = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous")
+    assert again.returncode == 0 and "nothing to change" in again.stdout
+
+    op.list_clusters(3)
+    r = op.run("add-cluster", "cluster_3", "--start", "2024-07-01T00:00:00Z", "--close-previous")
+    assert r.returncode == 0, r.stderr
+    assert "cluster_1        [2024-01-01T00:00:00Z, 2024-04-01T00:00:00Z)" in r.stdout
+    assert "cluster_2        [2024-04-01T00:00:00Z, 2024-07-01T00:00:00Z)" in r.stdout
+    assert "cluster_3        [2024-07-01T00:00:00Z, open)" in r.stdout
+    meta = metadata(raw_clients, db_name)
+    assert meta["cluster_2"][0]["creator_name"] == "ops" and meta["cluster_1"][0]["end_date"] == P1
+
+    with FeedRouter.from_yaml(op.path, clock=lambda: NOW) as router:
+        times = [P0 + timedelta(days=d) for d in range(0, 240, 3)]
+        router.write_many(
+            FeedItem(receiver_id=i % 7, sender_id=1, event_time=t, type=1, data={}, data_key=data_key("f", i))
+            for i, t in enumerate(times)
+        )
+    expected = {"cluster_1": sum(t < P1 for t in times), "cluster_2": sum(P1 <= t < P2 for t in times),
+                "cluster_3": sum(t >= P2 for t in times)}
+
+    assert op.run("check").returncode == 0
+    status = op.run("--json", "status")
+    assert status.returncode == 0, status.stderr
+    rows = {row["cluster"]: row for row in json.loads(status.stdout)}
+    assert {n: rows[n]["feed_documents"] for n in rows} == expected
+    assert all(rows[n]["reachable"] and rows[n]["migrations"] == ["0001_feed_indexes"] for n in rows)
+    assert rows["cluster_3"]["period"]["end_date"] is None
+    text = op.run("status").stdout
+    assert "cluster_2      [2024-04-01T00:00:00Z, 2024-07-01T00:00:00Z)" in text
+
+    migrate = op.run("migrate")
+    assert migrate.returncode == 0 and migrate.stdout.count("applied nothing (1 already applied)") == 3
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--start", "2024-08-01", "--close-previous"], "cluster 'cluster_3' holds 1 documents at or after 2024-08-01T00:00:00+00:00"),
+        (["--start", "2024-05-01", "--end", "2024-06-01"], "overlaps cluster 'cluster_2'"),
+        (["--start", "2024-09-01"], "overlaps the open-ended period of cluster 'cluster_3'"),
+        (["--start", "2023-01-01", "--end", "2023-06-01"], "cluster 'cluster_4' already holds 1 documents outside"),
+        (["--start", "2023-06-01", "--end", "2023-01-01"], "must be after start"),
+    ],
+)
+def test_refused_changes_leave_metadata_untouched(
+    tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str, args: list[str], reason: str
+) -> None:
+    """Every unsafe add-cluster is refused with its reason, and no cluster's metadata changes."""
+    with LocalClusters(1, names=["cluster_4"]) as spare:
+        op = Operator(tmp_path, db_name, [*servers.uris, spare.uris[0]])
+        for count, (name, start) in enumerate((("cluster_1", P0), ("cluster_2", P1), ("cluster_3", P2)), start=1):
+            op.list_clusters(count)
+            assert op.run("add-cluster", name, "--start", start.isoformat(), "--close-previous").returncode == 0
+        raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=45)})
+        stray = MongoClient(spare.uris[0], tz_aware=True)
+        stray[db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=100)})
+        op.list_clusters(4)
+        before = metadata(raw_clients, db_name)
+        r = op.run("add-cluster", "cluster_4", *args)
+        assert r.returncode == 1, r.stdout
+        assert reason in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        assert metadata(raw_clients, db_name) == before
+        assert list(stray[db_name].metadata.find({})) == []
+        stray.close()
+
+
+def test_status_names_an_unreachable_cluster(tmp_path: Path, servers: LocalClusters, db_name: str) -> None:
+    """status still shows the reachable clusters, marks the dead one, and exits 1."""
+    op = Operator(tmp_path, db_name, [servers.uris[0], "mongodb://127.0.0.1:9"])
+    op.list_clusters(1)
+    assert op.run("add-cluster", "cluster_1", "--start", "2024-01-01").returncode == 0
+    op.list_clusters(2)
+    r = op.run("status")
+    assert r.returncode == 1
+    assert "cluster_1" in r.stdout and "cluster_2" in r.stdout and "NO" in r.stdout
+    assert "error: cluster 'cluster_2'" in r.stdout
+
+
+def test_usage_errors_exit_2(tmp_path: Path, servers: LocalClusters, db_name: str) -> None:
+    """A bad date or an unknown cluster for migrate is a usage error."""
+    op = Operator(tmp_path, db_name, servers.uris)
+    op.list_clusters(1)
+    r = op.run("add-cluster", "cluster_1", "--start", "next tuesday")
+    assert r.returncode == 2 and "not an ISO date or datetime" in r.stderr
+    r = op.run("migrate", "--cluster", "nope")
+    assert r.returncode == 2 and "'nope' is not in" in r.stderr
+    r = op.run("add-cluster", "cluster_9", "--start", "2024-01-01")
+    assert r.returncode == 1 and "cluster 'cluster_9' is not in" in r.stderr
