@@ -287,9 +287,11 @@ def _cmd_add_cluster(args: argparse.Namespace, config: RouterConfig) -> int:
         )
         plan = change.describe()
         done = apply_period(clusters, change, migrations=migrations, dry_run=args.dry_run)
-        timemap = change.timemap if args.dry_run else clusters.load_timemap()
+        timemap = change.timemap if args.dry_run else clusters.load_timemap(allow_missing=clusters.names)
+        unassigned = [n for n in clusters.names if n not in timemap.all_clusters()]
     lines = [("dry run, nothing changed: " if args.dry_run else "") + "plan:", *[f"  {p}" for p in plan], "steps:",
              *[f"  {d}" for d in done], ("current" if args.dry_run else "new") + " time map:", timemap.describe()]
+    lines += [f"  {n:<16} (listed in {config.source}, no period yet)" for n in unassigned]
     data = {"dry_run": args.dry_run, "plan": plan, "steps": done,
             "time_map": [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date} for m in timemap.periods]}
     _emit(args, data, "\n".join(lines))

@@ -69,16 +69,15 @@ class PeriodChange:
 
 
 def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: datetime | None) -> tuple[int, datetime | None]:
-    """How many feed documents of cluster *name* lie outside ``[start, end)``, and the latest such time."""
+    """How many feed documents of cluster *name* lie outside ``[start, end)`` (all of them when
+    both are ``None``), and the latest such time."""
     feed = clusters[name].feed
     outside: list[dict[str, Any]] = []
     if start is not None:
         outside.append({"event_time": {"$lt": start}})
     if end is not None:
         outside.append({"event_time": {"$gte": end}})
-    if not outside:
-        return 0, None
-    query = outside[0] if len(outside) == 1 else {"$or": outside}
+    query: dict[str, Any] = {} if not outside else outside[0] if len(outside) == 1 else {"$or": outside}
     try:
         count = feed.count_documents(query)
         latest = None
@@ -113,7 +112,19 @@ def plan_period(
         raise PeriodChangeRefused([f"cluster {name!r} is not in {clusters.config.source}: add its name and uri there first"])
     if end is not None and end <= start:
         raise PeriodChangeRefused([f"end {end.isoformat()} must be after start {start.isoformat()}"])
-    timemap = clusters.load_timemap(allow_missing={name})
+    metas, meta_problems, down = clusters.inspect_metadata(allow_missing=clusters.names)
+    if down:
+        raise PeriodChangeRefused([f"{e} (every cluster must answer to check a change)" for e in down.values()])
+    if meta_problems:
+        raise PeriodChangeRefused(meta_problems)
+    # Listed clusters without a period yet are fine while they hold nothing (added later, or standby).
+    for unassigned in sorted(set(clusters.names) - {m.name for m in metas} - {name}):
+        count, _ = stored_outside(clusters, unassigned, None, None)
+        if count:
+            problems.append(
+                f"cluster {unassigned!r} has no metadata document but holds {count} documents: restore its metadata first"
+            )
+    timemap = TimeMap(metas)
     new = ClusterMeta(name=name, start_date=start, end_date=end, creator_name=creator, created_at=now)
     existing = next((m for m in timemap.periods if m.name == name), None)
     if existing is not None:

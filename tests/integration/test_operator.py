@@ -160,3 +160,16 @@ def test_usage_errors_exit_2(tmp_path: Path, servers: LocalClusters, db_name: st
     assert r.returncode == 2 and "'nope' is not in" in r.stderr
     r = op.run("add-cluster", "cluster_9", "--start", "2024-01-01")
     assert r.returncode == 1 and "cluster 'cluster_9' is not in" in r.stderr
+
+
+def test_listed_clusters_without_period(tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
+    """Empty listed clusters may wait for their turn; one holding data without metadata blocks every change."""
+    op = Operator(tmp_path, db_name, servers.uris)
+    op.list_clusters(3)
+    r = op.run("add-cluster", "cluster_1", "--start", "2024-01-01")
+    assert r.returncode == 0, r.stderr
+    assert "cluster_3        (listed in" in r.stdout
+    raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2})
+    r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous")
+    assert r.returncode == 1
+    assert "cluster 'cluster_3' has no metadata document but holds 1 documents: restore its metadata first" in r.stderr
