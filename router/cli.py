@@ -21,7 +21,8 @@ from .clusters import Cluster, Clusters
 from .config import RouterConfig, load_config
 from .errors import ClusterUnavailable, ConfigError, RouterError
 from .migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
-from .periods import apply_period, plan_period
+from .periods import apply_period, plan_period, retire
+from .rollover import RolloverScheduler, default_owner, do_rollover
 from .timemap import TimeMap, format_period
 
 __all__ = ["main"]
@@ -135,6 +136,34 @@ def _parser() -> argparse.ArgumentParser:
                      help="end the current open-ended period at --start (refused if it holds later documents)")
     add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     add.add_argument("--migrations", type=Path, default=None, help="migrations folder (default: the repo's migrations/)")
+    rollover = sub.add_parser(
+        "rollover",
+        help="do the next planned rollover now (or the one at --at)",
+        description="Close the open-ended period at the next boundary (or --at) and give it to the first "
+        "ready standby cluster from rollover.standby, under a lease so concurrent runs act once. "
+        "Refused, exit 1, when no standby is ready or the boundary is less than lead_time away.",
+    )
+    rollover.add_argument("--at", type=_when, default=None, help="the boundary (default: computed from rollover.period)")
+    rollover.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+
+    scheduler = sub.add_parser(
+        "scheduler",
+        help="run the rollover scheduler (APScheduler) until interrupted",
+        description="Check on an interval derived from rollover.lead_time that a standby is ready for "
+        "the next boundary (logging an error at once if not) and do each rollover inside its window, "
+        "between two lead times and one lead time before the boundary.",
+    )
+    scheduler.add_argument("--once", action="store_true", help="run one check and exit (exit 1 if it failed)")
+
+    retire_cmd = sub.add_parser(
+        "retire",
+        help="mark an old cluster retired: reads skip it, deletes still reach it",
+        description="Set retired: true in NAME's metadata. Reads skip it, writes into its period fail, "
+        "deletes by data_key still reach it until it is removed from clusters.yaml. "
+        "Only a period that has ended can be retired.",
+    )
+    retire_cmd.add_argument("name", metavar="NAME")
+    retire_cmd.add_argument("--dry-run", action="store_true", help="check, change nothing")
     return parser
 
 
@@ -218,7 +247,7 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
                     row["period"] = {"start_date": meta.get("start_date"), "end_date": meta.get("end_date")}
                 else:
                     row["period"] = None
-                row.update(reachable=True, standby=name in standby, **result)
+                row.update(reachable=True, standby=name in standby, retired=bool(meta and meta.get("retired")), **result)
             rows.append(row)
         progress.close()
     header = f"{'cluster':<14} {'period':<50} {'reachable':<9} {'rtt ms':>7} {'feed docs':>10}  migrations"
@@ -226,6 +255,8 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
     for row in rows:
         if row["period"]:
             period = format_period(row["period"]["start_date"], row["period"]["end_date"])
+            if row.get("retired"):
+                period += " retired"
         elif row.get("standby"):
             period = "(standby, no period yet)"
         else:
@@ -298,6 +329,39 @@ def _cmd_add_cluster(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
+def _cmd_rollover(args: argparse.Namespace, config: RouterConfig) -> int:
+    with Clusters(config) as clusters:
+        lines = do_rollover(clusters, config, now=datetime.now(UTC), owner=default_owner(), at=args.at, dry_run=args.dry_run)
+        timemap = clusters.load_timemap(allow_missing=clusters.names)
+    text = "\n".join([("dry run, nothing changed: " if args.dry_run else "") + "rollover:", *[f"  {x}" for x in lines],
+                      "time map:", timemap.describe()])
+    _emit(args, {"dry_run": args.dry_run, "steps": lines}, text)
+    return 0
+
+
+def _cmd_scheduler(args: argparse.Namespace, config: RouterConfig) -> int:
+    runner = RolloverScheduler(config)
+    if args.once:
+        try:
+            lines = runner.tick()
+        finally:
+            runner.close()
+        _emit(args, {"ok": runner.last_error is None, "steps": lines, "error": str(runner.last_error or "")},
+              "\n".join(lines) or ("ok" if runner.last_error is None else f"failed: {runner.last_error}"))
+        return 0 if runner.last_error is None else 1
+    log.warning("rollover scheduler %s checking every %s", runner.owner, runner.interval)
+    runner.run()
+    return 0
+
+
+def _cmd_retire(args: argparse.Namespace, config: RouterConfig) -> int:
+    with Clusters(config) as clusters:
+        meta = retire(clusters, args.name, dry_run=args.dry_run)
+    text = f"{'would retire' if args.dry_run else 'retired'} cluster {meta.name!r} {format_period(meta.start_date, meta.end_date)}"
+    _emit(args, {"dry_run": args.dry_run, "cluster": meta.name, "retired": True}, text)
+    return 0
+
+
 # -- entry point ------------------------------------------------------------------------
 
 
@@ -305,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``feedrouter``; return the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    level = logging.ERROR if args.quiet else {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    default = logging.INFO if args.command == "scheduler" else logging.WARNING
+    level = logging.ERROR if args.quiet else {0: default, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -315,7 +380,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _cmd_demo(args)
         config = load_config(args.config)
-        commands = {"check": _cmd_check, "status": _cmd_status, "migrate": _cmd_migrate, "add-cluster": _cmd_add_cluster}
+        commands = {
+            "check": _cmd_check,
+            "status": _cmd_status,
+            "migrate": _cmd_migrate,
+            "add-cluster": _cmd_add_cluster,
+            "rollover": _cmd_rollover,
+            "scheduler": _cmd_scheduler,
+            "retire": _cmd_retire,
+        }
         return commands[args.command](args, config)
     except _Failed:
         return 1

@@ -15,6 +15,7 @@ Example file::
       max_age: 400d                # and/or periods that ended less than 400 days ago
     write:
       batch_size: 1000             # documents per insert_many
+    refresh_interval: 60s          # how often every router reloads the metadata
     clusters:
       - name: cluster_1
         uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
@@ -36,6 +37,7 @@ from typing import Any
 import attrs
 import yaml
 
+from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
 from .timemap import ReadWindow
 
@@ -48,11 +50,7 @@ __all__ = [
     "redact_uri",
     "parse_duration",
     "DRIVER_OPTIONS",
-    "CALENDAR_PERIODS",
 ]
-
-#: Period kinds measured in calendar months.
-CALENDAR_PERIODS = {"monthly": 1, "quarterly": 3, "yearly": 12}
 
 #: Driver options a cluster may set, with the type each must have.
 DRIVER_OPTIONS: Mapping[str, type | tuple[type, ...]] = {
@@ -148,6 +146,7 @@ class RouterConfig:
     metadata_collection: str = "metadata"
     read_window: ReadWindow = attrs.field(factory=ReadWindow)
     batch_size: int = 1000
+    refresh_interval: timedelta = timedelta(seconds=60)
     rollover: RolloverConfig | None = None
     source: str = "<config>"
 
@@ -255,7 +254,9 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         raise ConfigError([ConfigProblem(source, line, col, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
     if root is None:
         raise ConfigError([ConfigProblem(source, 0, 0, "", "the file is empty; it needs at least a 'clusters' list")])
-    top = r.mapping(root, "", {"database", "collections", "read_window", "write", "rollover", "clusters"})
+    top = r.mapping(
+        root, "", {"database", "collections", "read_window", "write", "refresh_interval", "rollover", "clusters"}
+    )
     if top is None:
         raise ConfigError(r.problems)
 
@@ -282,6 +283,8 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         r.problem(top["clusters"], "clusters", f"must be a non-empty list (got {r._show(top['clusters'])})")
     else:
         clusters = _clusters(r, top["clusters"])
+    if "refresh_interval" in top:
+        kwargs["refresh_interval"] = _duration(r, top["refresh_interval"], "refresh_interval")
     if "rollover" in top:
         kwargs["rollover"] = _rollover(r, top["rollover"], {c.name for c in clusters}, bool(clusters))
     if r.problems:
@@ -305,25 +308,18 @@ def _duration(r: _Reader, node: yaml.Node, path: str) -> timedelta | None:
     return value
 
 
-_PERIOD = re.compile(r"^\s*(\d+)\s*([dw])\s*$")
-
-
 def _rollover(r: _Reader, node: yaml.Node, names: set[str], check_names: bool) -> RolloverConfig | None:
     spec = r.mapping(node, "rollover", {"period", "lead_time", "standby", "anchor"})
     if spec is None:
         return None
     kwargs: dict[str, Any] = {}
-    length: timedelta | None = timedelta(days=28)  # the shortest calendar period
+    length: timedelta | None = period_length_hint("monthly")
     if "period" in spec:
         raw = r.value(spec["period"], "rollover.period")
-        m = _PERIOD.match(raw) if isinstance(raw, str) else None
-        if isinstance(raw, str) and raw in CALENDAR_PERIODS:
-            kwargs["period"] = raw
-            length = timedelta(days=28 * CALENDAR_PERIODS[raw])
-        elif m is not None and int(m.group(1)) > 0:
-            kwargs["period"] = f"{int(m.group(1))}{m.group(2)}"
-            length = timedelta(days=int(m.group(1)) * (7 if m.group(2) == "w" else 1))
-        else:
+        try:
+            length = period_length_hint(raw.strip() if isinstance(raw, str) else "")
+            kwargs["period"] = raw.strip()
+        except ValueError:
             r.problem(spec["period"], "rollover.period", f"must be monthly, quarterly, yearly, or days/weeks like 30d, 2w (got {raw!r})")
             length = None
     if "lead_time" in spec:

@@ -15,18 +15,20 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from collections.abc import Callable
 from typing import TextIO
 
 from pymongo import MongoClient
 
 from .clusters import Clusters
 from .config import load_config
-from .migrate import discover
+from .migrate import Migration, discover, migrate_cluster
 from .periods import apply_period, plan_period
 from .errors import RouterError
 from .ids import data_key
 from .localservers import LocalClusters
 from .model import FeedItem
+from .rollover import RolloverScheduler, upcoming_boundary
 from .router import FeedRouter
 
 __all__ = ["run_demo", "demo_periods"]
@@ -42,7 +44,8 @@ write:
   batch_size: 500
 clusters:
 {clusters}
-"""
+{rollover}"""
+ROLLOVER = "rollover: {period: monthly, lead_time: 7d, standby: [cluster_4]}\n"
 
 
 def _month_start(t: datetime, back: int) -> datetime:
@@ -73,8 +76,8 @@ def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, se
     now = datetime.now(UTC).replace(microsecond=0)
     periods = demo_periods(now)
     names = ["cluster_1", "cluster_2", "cluster_3"]
-    out("== starting three local clusters")
-    with LocalClusters(3, names=names, backend=backend) as local, tempfile.TemporaryDirectory() as tmp:
+    out("== starting four local clusters (cluster_4 is a standby for the rollover)")
+    with LocalClusters(4, names=[*names, "cluster_4"], backend=backend) as local, tempfile.TemporaryDirectory() as tmp:
         for server in local.servers:
             out(f"   {server.name}: {server.uri} ({server.backend}, data in {server.data_dir})")
         config_path = Path(tmp) / "clusters.yaml"
@@ -114,11 +117,12 @@ def _run(
     out("== adding the clusters one by one, as an operator does (edit clusters.yaml, run add-cluster)")
     migrations = discover()
     for count, (name, (start, _end)) in enumerate(zip(names, periods), start=1):
-        config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines[:count])))
+        config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines[:count]), rollover=""))
         with Clusters(load_config(config_path)) as clusters:
             change = plan_period(clusters, name=name, start=start, close_previous=count > 1, creator="demo", now=now)
             for line in apply_period(clusters, change, migrations=migrations):
-                out(f"   {line}")
+                if ": run on " not in line:  # the index commands themselves: see `feedrouter migrate --dry-run`
+                    out(f"   {line}")
 
     with FeedRouter.from_yaml(config_path) as router:
         out("   time map loaded by the router from the clusters' metadata:")
@@ -199,7 +203,59 @@ def _run(
         left = sum(c["feed_demo"]["feed"].count_documents({"data_key": victim}) for c in raw.values())
         check(removed == copies and left == 0, f"all {copies} copies are gone from every cluster")
 
-        out("== summary")
-        out(f"   {len(items)} items in {len(names)} clusters, {pages} pages read for {receiver}, {removed} copies deleted")
-        out("   all checks passed" if not failures else f"   {len(failures)} checks FAILED")
+    rolled = _rollover(out, check, now, periods, config_path, cluster_lines, raw, migrations)
+    out("== summary")
+    out(f"   {len(items)} items in {len(names)} clusters, {pages} pages read for {receiver}, {removed} copies deleted,")
+    out(f"   one rollover to cluster_4 at {rolled.isoformat()}")
+    out("   all checks passed" if not failures else f"   {len(failures)} checks FAILED")
     return 0 if not failures else 1
+
+
+def _rollover(
+    out: _Out,
+    check: Callable[[bool, str], None],
+    now: datetime,
+    periods: list[tuple[datetime, datetime | None]],
+    config_path: Path,
+    cluster_lines: list[str],
+    raw: dict[str, MongoClient[dict[str, object]]],
+    migrations: list[Migration],
+) -> datetime:
+    """Add the standby to clusters.yaml, let the scheduler roll over to it, write across the boundary."""
+    out("== rollover: the scheduler hands the next period to the standby cluster_4")
+    config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines), rollover=ROLLOVER))
+    config = load_config(config_path)
+    assert config.rollover is not None
+    lead = config.rollover.lead_time
+    with Clusters(config) as clusters:
+        report = migrate_cluster(clusters["cluster_4"], config, migrations)
+    out(f"   cluster_4 listed under rollover.standby and migrated ({', '.join(report.applied) or 'already'})")
+    boundary = upcoming_boundary(periods[-1][0], now=now, settings=config.rollover)
+    window = boundary - 2 * lead + timedelta(hours=1)
+    out(f"   next boundary B = {boundary.isoformat()}; the scheduler acts between B - 2*lead and B - lead")
+    out(f"   (the demo sets the scheduler's clock to {window.isoformat()}, inside that window)")
+    scheduler = RolloverScheduler(config, clock=lambda: window, owner="demo")
+    try:
+        for line in scheduler.tick():
+            if ": run on " not in line:
+                out(f"   {line}")
+    finally:
+        scheduler.close()
+    check(scheduler.last_error is None, "the scheduler rolled over without error")
+    after = boundary + timedelta(minutes=1)
+    out(f"== writing across the boundary (router clock set to {after.isoformat()})")
+    with FeedRouter(config, clock=lambda: after, refresh=False) as router:
+        out(router.timemap.describe())
+        edge = [boundary - timedelta(seconds=1), boundary, boundary + timedelta(seconds=1)]
+        router.write_many(
+            FeedItem(receiver_id="alice", sender_id=777, event_time=t, type=1, data={"fabula_id": 3_000_000 + i},
+                     data_key=data_key("fabula", 3_000_000 + i))
+            for i, t in enumerate(edge)
+        )
+        page = router.read("alice", limit=4)
+        for it, src in zip(page.items, page.sources):
+            out(f"   {it.event_time:%Y-%m-%d %H:%M:%S}  from {it.sender_id}  fabula {it.data['fabula_id']:<8} <- {src}")
+    old = raw["cluster_3"]["feed_demo"]["feed"].count_documents({"sender_id": 777})
+    new = raw["cluster_4"]["feed_demo"]["feed"].count_documents({"sender_id": 777})
+    check(old == 1 and new == 2, "the item before B is in cluster_3, the two at and after B are in cluster_4")
+    return boundary

@@ -23,6 +23,9 @@ __all__ = [
     "DeleteFailed",
     "MigrationError",
     "PeriodChangeRefused",
+    "ClusterRetired",
+    "StaleMetadata",
+    "RolloverError",
 ]
 
 
@@ -82,6 +85,20 @@ class NoClusterForTime(RouterError, LookupError):
         self.index = index
         where = f"items[{index}].event_time: " if index is not None else ""
         super().__init__(where + message)
+
+
+class ClusterRetired(NoClusterForTime):
+    """Raised for a write whose ``event_time`` falls in the period of a retired cluster."""
+
+
+class StaleMetadata(RouterError):
+    """Raised when a write lies beyond what the router's time map can vouch for, and a refresh did not help.
+
+    A map refreshed at time R is trusted for ``event_time`` before ``R + lead_time``:
+    rollovers are announced at least one lead time before their boundary. Later
+    times might belong to a period the router has not heard of, so it refuses
+    rather than guess.
+    """
 
 
 class ClusterUnavailable(RouterError):
@@ -153,3 +170,7 @@ class PeriodChangeRefused(RouterError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("refused:\n  " + "\n  ".join(self.problems))
+
+
+class RolloverError(RouterError):
+    """Raised when a rollover cannot be done: no ready standby, too late for the boundary, lease lost."""

@@ -206,6 +206,8 @@ class ClusterMeta:
                     creator_name="ethan", created_at=datetime.now(timezone.utc))
 
     The period is half-open, ``[start_date, end_date)``; ``end_date=None`` means open-ended.
+    A ``retired`` cluster is skipped by reads and refuses writes; deletes still reach it.
+    The stored document has a ``retired: true`` field only once retired.
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -213,6 +215,7 @@ class ClusterMeta:
     end_date: datetime | None = attrs.field(default=None, validator=_check_aware)
     creator_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     created_at: datetime | None = None
+    retired: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.end_date is not None and self.end_date <= self.start_date:
@@ -223,7 +226,7 @@ class ClusterMeta:
 
     def to_document(self) -> dict[str, Any]:
         """The stored ``metadata`` document; ``_id`` equals the cluster name."""
-        return {
+        doc: dict[str, Any] = {
             "_id": self.name,
             "name": self.name,
             "start_date": self.start_date,
@@ -231,6 +234,9 @@ class ClusterMeta:
             "creator_name": self.creator_name,
             "created_at": self.created_at,
         }
+        if self.retired:
+            doc["retired"] = True
+        return doc
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> ClusterMeta:
@@ -248,6 +254,7 @@ class ClusterMeta:
             end_date=None if end is None else to_utc(end, field="end_date"),
             creator_name=doc.get("creator_name") or "",
             created_at=created if isinstance(created, datetime) else None,
+            retired=doc.get("retired", False),
         )
 
 

@@ -39,7 +39,7 @@ from .migrate import Migration, migrate_cluster
 from .model import ClusterMeta, to_utc
 from .timemap import TimeMap, format_period
 
-__all__ = ["PeriodChange", "plan_period", "apply_period", "stored_outside"]
+__all__ = ["PeriodChange", "plan_period", "apply_period", "stored_outside", "retire"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -203,3 +203,25 @@ def apply_period(
         target.write_meta(change.new)
         log.info("cluster %s now owns %s", change.new.name, format_period(change.new.start_date, change.new.end_date))
     return lines
+
+
+def retire(clusters: Clusters, name: str, *, now: datetime | None = None, dry_run: bool = False) -> ClusterMeta:
+    """Mark cluster *name* retired: reads skip it, writes to its period fail, deletes still reach it.
+
+    Only a period that ended before *now* can be retired. Idempotent; returns the new metadata.
+    """
+    now = now or datetime.now(UTC)
+    timemap = clusters.load_timemap()
+    meta = next((m for m in timemap.periods if m.name == name), None)
+    if meta is None:
+        raise PeriodChangeRefused([f"cluster {name!r} has no period to retire"])
+    if meta.end_date is None or meta.end_date > now:
+        raise PeriodChangeRefused([
+            f"cluster {name!r} {format_period(meta.start_date, meta.end_date)} has not ended yet; "
+            "only a past period can be retired"
+        ])
+    retired = attrs.evolve(meta, retired=True)
+    if not dry_run and not meta.retired:
+        clusters[name].write_meta(retired)
+        log.warning("cluster %s retired: reads skip it, deletes still reach it", name)
+    return retired

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +30,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 from .clusters import Cluster, Clusters, driver_error
 from .config import RouterConfig, load_config
 from .cursor import Position, decode_cursor, encode_cursor
-from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, WriteFailed
+from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, RouterError, StaleMetadata, WriteFailed
 from .ids import make_ids
 from .model import FeedItem, Page, check_item
 from .timemap import TimeMap
@@ -59,11 +60,19 @@ class FeedRouter:
         router.close()
 
     Construction connects to every cluster and loads the time map; a bad
-    configuration or metadata fails here, not at the first write.
-    *clock* (for tests) tells the read window what "now" is.
+    configuration or metadata fails here, not at the first write. A daemon thread
+    then reloads the map every ``refresh_interval`` (``refresh=False`` turns it
+    off) until :meth:`close`. *clock* (for tests) tells the router what "now" is.
+
+    With ``rollover`` configured, a map refreshed at time R is trusted for
+    ``event_time`` before ``R + lead_time``; a write in the open-ended period (or in
+    no period) at or past that horizon triggers one refresh and then raises
+    :class:`StaleMetadata` if it is still past it.
     """
 
-    def __init__(self, config: RouterConfig, *, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(
+        self, config: RouterConfig, *, clock: Callable[[], datetime] = _utcnow, refresh: bool = True
+    ) -> None:
         self.config = config
         self._clock = clock
         self._clusters = Clusters(config)
@@ -72,12 +81,20 @@ class FeedRouter:
         except BaseException:
             self._clusters.close()
             raise
+        self._refreshed_at = clock()
         log.info("time map loaded from %d clusters:\n%s", len(self._clusters), self._timemap.describe())
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+        if refresh:
+            self._refresher = threading.Thread(target=self._refresh_loop, name="feed-router-refresh", daemon=True)
+            self._refresher.start()
 
     @classmethod
-    def from_yaml(cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = _utcnow) -> FeedRouter:
+    def from_yaml(
+        cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = _utcnow, refresh: bool = True
+    ) -> FeedRouter:
         """Load ``clusters.yaml``, connect to every cluster and build the time map."""
-        return cls(load_config(path), clock=clock)
+        return cls(load_config(path), clock=clock, refresh=refresh)
 
     @property
     def timemap(self) -> TimeMap:
@@ -89,10 +106,39 @@ class FeedRouter:
         """The configured clusters and their clients."""
         return self._clusters
 
+    @property
+    def refreshed_at(self) -> datetime:
+        """When the map in use was loaded (by the router's clock)."""
+        return self._refreshed_at
+
     def refresh(self) -> TimeMap:
         """Reload every cluster's metadata; the old map stays in use if this raises."""
+        started = self._clock()
         self._timemap = self._clusters.load_timemap()
+        self._refreshed_at = started
         return self._timemap
+
+    def _refresh_loop(self) -> None:
+        interval = self.config.refresh_interval.total_seconds()
+        while not self._stop.wait(interval):
+            try:
+                self.refresh()
+            except RouterError as exc:
+                log.warning("metadata refresh failed; keeping the map loaded at %s: %s", self._refreshed_at.isoformat(), exc)
+
+    def stop_refresh(self) -> None:
+        """Stop the background refresh (the map stays as it is)."""
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join()
+            self._refresher = None
+
+    def _horizon(self) -> float:
+        """UTC epoch seconds up to which the open-ended period can be trusted (infinite without rollover)."""
+        rollover = self.config.rollover
+        if rollover is None:
+            return float("inf")
+        return self._refreshed_at.timestamp() + rollover.lead_time.total_seconds()
 
     # -- writes -------------------------------------------------------------------------
 
@@ -124,16 +170,23 @@ class FeedRouter:
                 raise InvalidItem("items", f"must be an iterable of FeedItem (got {type(items).__name__})") from None
         return self._write(items, indexed=True)
 
-    def _write(self, seq: Sequence[FeedItem], *, indexed: bool) -> list[ObjectId]:
-        lookup = self._timemap.lookup
+    def _write(self, seq: Sequence[FeedItem], *, indexed: bool, refreshed: bool = False) -> list[ObjectId]:
+        timemap = self._timemap
+        lookup = timemap.lookup
+        retired = timemap.retired
+        horizon = self._horizon()
+        open_period = timemap.open_period
+        open_name = open_period.name if open_period is not None else None
         groups: dict[str, list[int]] = {}
         seconds: list[int] = []
         append = seconds.append
         for i, item in enumerate(seq):
             ts = check_item(item, i if indexed else None)
             name = lookup(ts)
-            if name is None:
-                raise self._timemap.no_cluster(item.event_time, index=i if indexed else None)
+            if ts >= horizon and (name is None or name == open_name):
+                return self._write_after_refresh(seq, i, indexed=indexed, refreshed=refreshed)
+            if name is None or name in retired:
+                raise timemap.no_cluster(item.event_time, index=i if indexed else None)
             append(int(ts))
             group = groups.get(name)
             if group is None:
@@ -156,6 +209,27 @@ class FeedRouter:
             log.error("%s", err)
             raise err
         return ids
+
+    def _write_after_refresh(self, seq: Sequence[FeedItem], i: int, *, indexed: bool, refreshed: bool) -> list[ObjectId]:
+        """Item *i* lies past the map's horizon: refresh once and route again, or raise StaleMetadata."""
+        item = seq[i]
+        where = f"items[{i}].event_time" if indexed else "event_time"
+        if not refreshed:
+            log.info("%s %s is past the time map's horizon; refreshing before writing", where, item.event_time.isoformat())
+            try:
+                self.refresh()
+            except RouterError as exc:
+                raise StaleMetadata(
+                    f"{where}: {item.event_time.isoformat()} is past what the time map loaded at "
+                    f"{self._refreshed_at.isoformat()} can vouch for, and the refresh failed: {exc}"
+                ) from exc
+            return self._write(seq, indexed=indexed, refreshed=True)
+        lead = self.config.rollover.lead_time if self.config.rollover else None
+        raise StaleMetadata(
+            f"{where}: {item.event_time.isoformat()} is at or past {datetime.fromtimestamp(self._horizon(), UTC).isoformat()}, "
+            f"the time map's horizon (loaded {self._refreshed_at.isoformat()}, plus lead time {lead}); "
+            "a period starting before it may not be announced yet, so the router does not guess"
+        )
 
     def _insert(
         self, cluster: Cluster, items: Sequence[FeedItem], ids: list[ObjectId], indexes: list[int]
@@ -254,7 +328,8 @@ class FeedRouter:
     # -- lifecycle ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every client and worker thread."""
+        """Stop the refresh thread, close every client and worker thread."""
+        self.stop_refresh()
         self._clusters.close()
 
     def __enter__(self) -> FeedRouter:

@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from .errors import MetadataError, NoClusterForTime
+from .errors import ClusterRetired, MetadataError, NoClusterForTime
 from .model import ClusterMeta, to_utc
 
 __all__ = ["TimeMap", "ReadWindow", "format_period"]
@@ -67,7 +67,7 @@ class TimeMap:
     duplicate names, overlapping periods, more than one open-ended period.
     """
 
-    __slots__ = ("_metas", "_starts", "_ends", "_names", "gaps")
+    __slots__ = ("_metas", "_starts", "_ends", "_names", "gaps", "retired")
 
     def __init__(self, metas: Iterable[ClusterMeta]) -> None:
         ordered = sorted(metas, key=lambda m: (m.start_date, m.name))
@@ -78,6 +78,8 @@ class TimeMap:
         self._starts = [m.start_date.timestamp() for m in ordered]
         self._ends = [m.end_date.timestamp() if m.end_date else float("inf") for m in ordered]
         self._names = [m.name for m in ordered]
+        #: Clusters whose metadata says retired: reads skip them, writes to them fail.
+        self.retired: frozenset[str] = frozenset(m.name for m in ordered if m.retired)
         #: ``(end of one period, start of the next)`` for every hole in the map.
         self.gaps: tuple[tuple[datetime, datetime], ...] = tuple(
             (a.end_date, b.start_date)
@@ -110,19 +112,28 @@ class TimeMap:
         return problems
 
     @property
+    def open_period(self) -> ClusterMeta | None:
+        """The open-ended period, if there is one (it is the latest)."""
+        last = self._metas[-1] if self._metas else None
+        return last if last is not None and last.end_date is None else None
+
+    @property
     def periods(self) -> tuple[ClusterMeta, ...]:
         """The metadata of every cluster, oldest period first."""
         return self._metas
 
     def all_clusters(self) -> list[str]:
-        """Every cluster that may hold a copy of an item, oldest first."""
+        """Every cluster that may hold a copy of an item, oldest first (retired ones included)."""
         return list(self._names)
 
     def __len__(self) -> int:
         return len(self._metas)
 
     def lookup(self, ts: float) -> str | None:
-        """The cluster owning UTC epoch seconds *ts*, or ``None``. The write path's inner loop."""
+        """The cluster whose period holds UTC epoch seconds *ts*, or ``None``; may be retired.
+
+        The write path's inner loop: check :attr:`retired` before writing.
+        """
         i = bisect_right(self._starts, ts) - 1
         if i >= 0 and ts < self._ends[i]:
             return self._names[i]
@@ -132,13 +143,22 @@ class TimeMap:
         """The cluster whose period holds *event_time*, or raise :class:`NoClusterForTime`."""
         t = to_utc(event_time)
         name = self.lookup(t.timestamp())
-        if name is None:
+        if name is None or name in self.retired:
             raise self.no_cluster(t, index=index)
         return name
 
     def no_cluster(self, event_time: datetime, *, index: int | None = None) -> NoClusterForTime:
-        """The error for an *event_time* no period owns, naming the nearest periods."""
+        """The error for an *event_time* no active period owns, naming the nearest periods."""
         t = to_utc(event_time)
+        owner = self.lookup(t.timestamp())
+        if owner is not None and owner in self.retired:
+            m = next(m for m in self._metas if m.name == owner)
+            return ClusterRetired(
+                t,
+                f"event_time {_iso(t)} belongs to cluster {owner!r} {format_period(m.start_date, m.end_date)}, "
+                "which is retired: it takes no writes",
+                index=index,
+            )
         before = [m for m in self._metas if m.end_date is not None and m.end_date <= t]
         after = [m for m in self._metas if m.start_date > t]
         near = []
@@ -158,13 +178,14 @@ class TimeMap:
     ) -> list[str]:
         """The clusters a page may touch, newest period first.
 
-        Only periods that have started by *now* are read. *window* keeps the
+        Only periods that have started by *now* are read, and never a retired
+        cluster. *window* keeps the
         ``clusters`` most recent of those and/or those ending within ``max_age``
         of *now*. *before* (the cursor's time) drops periods starting after it, as
         they cannot hold older items.
         """
         now = to_utc(now)
-        started = [m for m in reversed(self._metas) if m.start_date <= now]
+        started = [m for m in reversed(self._metas) if m.start_date <= now and not m.retired]
         if window is not None:
             if window.clusters is not None:
                 started = started[: window.clusters]
@@ -184,7 +205,7 @@ class TimeMap:
                 prev_end = self._metas[i - 1].end_date
                 assert prev_end is not None
                 lines.append(f"  {'(gap)':<16} {format_period(prev_end, m.start_date)}")
-            lines.append(f"  {m.name:<16} {format_period(m.start_date, m.end_date)}")
+            lines.append(f"  {m.name:<16} {format_period(m.start_date, m.end_date)}{'  (retired)' if m.retired else ''}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

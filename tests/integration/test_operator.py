@@ -173,3 +173,44 @@ def test_listed_clusters_without_period(tmp_path: Path, servers: LocalClusters, 
     r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous")
     assert r.returncode == 1
     assert "cluster 'cluster_3' has no metadata document but holds 1 documents: restore its metadata first" in r.stderr
+
+
+def test_rollover_and_retire_through_the_cli(tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
+    """scheduler --once, rollover (dry run, real, again) and retire, on the real clock."""
+    from datetime import datetime, timezone
+
+    from router.config import RolloverConfig
+    from router.rollover import upcoming_boundary
+
+    now = datetime.now(timezone.utc)
+    month = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
+    previous = datetime(now.year - (now.month == 1), (now.month - 2) % 12 + 1, 1, tzinfo=timezone.utc)
+    op = Operator(tmp_path, db_name, servers.uris)
+    op.list_clusters(2)
+    assert op.run("add-cluster", "cluster_1", "--start", previous.isoformat()).returncode == 0
+    assert op.run("add-cluster", "cluster_2", "--start", month.isoformat(), "--close-previous").returncode == 0
+    op.list_clusters(3)
+    with op.path.open("a") as f:
+        f.write("rollover: {period: monthly, lead_time: 3d, standby: [cluster_3]}\n")
+    boundary = upcoming_boundary(month, now=now, settings=RolloverConfig(lead_time=timedelta(days=3)))
+
+    r = op.run("scheduler", "--once")
+    assert r.returncode == 1 and "standby cluster 'cluster_3' is not migrated" in r.stdout + r.stderr
+    assert op.run("migrate", "--cluster", "cluster_3").returncode == 0
+    r = op.run("rollover", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"next boundary {boundary.isoformat()}" in r.stdout and "dry run, nothing changed" in r.stdout
+    assert list(raw_clients["cluster_3"][db_name].metadata.find({})) == []
+    r = op.run("rollover")
+    assert r.returncode == 0, r.stderr
+    assert raw_clients["cluster_3"][db_name].metadata.find_one({})["start_date"] == boundary  # type: ignore[index]
+    r = op.run("rollover")
+    assert r.returncode == 1 and "no standby cluster is ready" in r.stderr
+
+    r = op.run("retire", "cluster_2")
+    assert r.returncode == 1 and "has not ended yet" in r.stderr
+    r = op.run("retire", "cluster_1")
+    assert r.returncode == 0 and "retired cluster 'cluster_1'" in r.stdout
+    rows = {row["cluster"]: row for row in json.loads(op.run("--json", "status").stdout)}
+    assert rows["cluster_1"]["retired"] is True and rows["cluster_2"]["retired"] is False
+    assert " retired" in op.run("status").stdout

@@ -1,0 +1,242 @@
+"""Rollover, live metadata and retirement against real servers, with a controllable clock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from router import ClusterConfig, ClusterMeta, FeedItem, FeedRouter, ReadWindow, RouterConfig, data_key
+from router.clusters import Cluster, Clusters
+from router.config import RolloverConfig
+from router.errors import ClusterRetired, PeriodChangeRefused, RolloverError, StaleMetadata
+from router.localservers import LocalClusters
+from router.migrate import discover, migrate_cluster
+from router.periods import retire
+from router.rollover import RolloverScheduler, do_rollover, plan_rollover
+
+UTC = timezone.utc
+P0 = datetime(2024, 3, 1, tzinfo=UTC)
+P1 = datetime(2024, 4, 1, tzinfo=UTC)
+B = datetime(2024, 5, 1, tzinfo=UTC)  # the next monthly boundary after cluster_2 opened
+LEAD = timedelta(days=7)
+T0 = datetime(2024, 4, 20, tzinfo=UTC)  # inside the window [B - 2*lead, B - lead]
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Env:
+    """Dedicated local servers: cluster_1 [P0, P1), cluster_2 [P1, open), the rest standby (migrated, empty)."""
+
+    def __init__(self, local: LocalClusters, *, standby_migrated: bool = True, refresh: timedelta = timedelta(seconds=60)) -> None:
+        self.local = local
+        names = [s.name for s in local.servers]
+        self.config = RouterConfig(
+            database="feed",
+            clusters=tuple(
+                ClusterConfig(name=s.name, uri=s.uri, options={"serverSelectionTimeoutMS": 700, "connectTimeoutMS": 700})
+                for s in local.servers
+            ),
+            refresh_interval=refresh,
+            read_window=ReadWindow(),
+            rollover=RolloverConfig(period="monthly", lead_time=LEAD, standby=tuple(names[2:])),
+        )
+        migrations = discover()
+        for spec in self.config.clusters:
+            c = Cluster(spec, self.config)
+            if spec.name in ("cluster_1", "cluster_2") or standby_migrated:
+                migrate_cluster(c, self.config, migrations)
+            if spec.name == "cluster_1":
+                c.write_meta(ClusterMeta(name="cluster_1", start_date=P0, end_date=P1, creator_name="t"))
+            if spec.name == "cluster_2":
+                c.write_meta(ClusterMeta(name="cluster_2", start_date=P1, creator_name="t"))
+            c.close()
+        self.raw = {s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers}
+
+    def meta(self) -> dict[str, list[dict[str, Any]]]:
+        return {n: list(c.feed.metadata.find({}, {"_id": 1, "start_date": 1, "end_date": 1})) for n, c in self.raw.items()}
+
+    def feed(self, name: str) -> list[dict[str, Any]]:
+        return list(self.raw[name].feed.feed.find({}))
+
+    def close(self) -> None:
+        for c in self.raw.values():
+            c.close()
+
+
+@pytest.fixture
+def env3() -> Iterator[Env]:
+    with LocalClusters(3) as local:
+        env = Env(local, refresh=timedelta(milliseconds=100))
+        yield env
+        env.close()
+
+
+def item(t: datetime, n: int, sender: int) -> FeedItem:
+    return FeedItem(receiver_id=n % 5, sender_id=sender, event_time=t, type=1, data={"n": n}, data_key=data_key("f", n))
+
+
+def wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
+    """Poll a condition a background thread will make true (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_scheduler_rolls_over_while_two_routers_write(env3: Env) -> None:
+    """The scheduler opens cluster_3 at B; the fresh router routes across B, the stale one refuses rather than guess."""
+    clock = Clock(T0)
+    fresh = FeedRouter(env3.config, clock=clock)                 # background refresh every 100 ms
+    stale = FeedRouter(env3.config, clock=clock, refresh=False)  # refresh stopped, map from T0
+    scheduler = RolloverScheduler(env3.config, clock=clock, interval=timedelta(milliseconds=100))
+    rolled = threading.Event()
+    tick = scheduler.tick
+
+    def watched_tick() -> list[str]:
+        lines = tick()
+        if lines:
+            rolled.set()
+        return lines
+
+    scheduler.tick = watched_tick  # type: ignore[method-assign]
+    try:
+        scheduler.start()
+        assert rolled.wait(30), f"no rollover; last error: {scheduler.last_error}"
+        meta = env3.meta()
+        assert meta["cluster_2"][0]["end_date"] == B
+        assert meta["cluster_3"][0]["start_date"] == B and meta["cluster_3"][0]["end_date"] is None
+
+        clock.now = B - timedelta(minutes=1)  # the boundary is near; writes straddle it
+        wait_for(lambda: "cluster_3" in fresh.timemap.all_clusters() and fresh.refreshed_at == clock.now, "fresh router refresh")
+        straddling = [B - timedelta(hours=1), B - timedelta(milliseconds=1), B, B + timedelta(hours=1)]
+        fresh.write_many([item(t, i, sender=1) for i, t in enumerate(straddling)])
+
+        # The stale router's one refresh attempt fails while cluster_1 is hung: it must not guess.
+        env3.local.servers[0].pause()
+        try:
+            with pytest.raises(StaleMetadata, match=r"items\[0\].event_time: 2024-04-30T23:00:00\+00:00 is past what the time map"):
+                stale.write_many([item(t, 100 + i, sender=2) for i, t in enumerate(straddling)])
+            stale.write(item(T0 + timedelta(days=1), 200, sender=2))  # well inside what it knows: fine
+        finally:
+            env3.local.servers[0].resume()
+        stale.write_many([item(t, 300 + i, sender=2) for i, t in enumerate(straddling)])  # refresh works now
+
+        c2, c3 = env3.feed("cluster_2"), env3.feed("cluster_3")
+        assert all(d["event_time"] < B for d in c2) and all(d["event_time"] >= B for d in c3)
+        assert sorted(d["data"]["n"] for d in c2) == [0, 1, 200, 300, 301]
+        assert sorted(d["data"]["n"] for d in c3) == [2, 3, 302, 303]
+        assert env3.feed("cluster_1") == []
+    finally:
+        scheduler.close()
+        fresh.close()
+        stale.close()
+
+
+def test_two_schedulers_racing_make_one_period() -> None:
+    """Two schedulers ticking at once over two standbys: exactly one new period appears."""
+    with LocalClusters(4) as local:
+        env = Env(local)
+        clock = Clock(T0)
+        a = RolloverScheduler(env.config, clock=clock, owner="a")
+        b = RolloverScheduler(env.config, clock=clock, owner="b")
+        barrier = threading.Barrier(2)
+        results: dict[str, list[str]] = {}
+
+        def run(s: RolloverScheduler) -> None:
+            barrier.wait()
+            results[s.owner] = s.tick()
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for again in (a, b):  # re-running changes nothing
+            again.tick()
+        meta = env.meta()
+        assert meta["cluster_4"] == [] and len(meta["cluster_3"]) == 1
+        assert meta["cluster_3"][0]["start_date"] == B and meta["cluster_2"][0]["end_date"] == B
+        assert sum(1 for lines in results.values() if any("write metadata" in x for x in lines)) == 1
+        with Clusters(env.config) as clusters:
+            assert clusters.load_timemap().all_clusters() == ["cluster_1", "cluster_2", "cluster_3"]
+        a.close()
+        b.close()
+        env.close()
+
+
+def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixture) -> None:
+    """An unmigrated standby is reported at the first tick, weeks before the boundary, and the manual rollover refuses."""
+    with LocalClusters(3) as local:
+        env = Env(local, standby_migrated=False)
+        early = Clock(P1 + timedelta(days=1))  # 2024-04-02: far from the window
+        scheduler = RolloverScheduler(env.config, clock=early)
+        with caplog.at_level(logging.ERROR, logger="router.rollover"):
+            assert scheduler.tick() == []
+        assert isinstance(scheduler.last_error, RolloverError)
+        assert "no standby cluster is ready for the rollover at 2024-05-01T00:00:00+00:00" in str(scheduler.last_error)
+        assert "standby cluster 'cluster_3' is not migrated (0001_feed_indexes pending)" in caplog.text
+        with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="not migrated"):
+            do_rollover(clusters, env.config, now=T0, owner="me")
+        assert env.meta()["cluster_3"] == [] and env.meta()["cluster_2"][0].get("end_date") is None
+        # a standby holding data is not ready either
+        migrate_cluster(Cluster(env.config.clusters[2], env.config), env.config, discover())
+        env.raw["cluster_3"].feed.feed.insert_one({"receiver_id": 1, "event_time": B})
+        with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="already holds 1 feed documents"):
+            plan_rollover(clusters, env.config, now=T0)
+        scheduler.close()
+        env.close()
+
+
+def test_manual_rollover_too_late_or_dry_run(env3: Env) -> None:
+    """Less than a lead time before B is too late; a dry run changes nothing."""
+    before = env3.meta()
+    with Clusters(env3.config) as clusters:
+        with pytest.raises(RolloverError, match="too late to roll over at 2024-05-01"):
+            do_rollover(clusters, env3.config, now=B - LEAD + timedelta(seconds=1), owner="me", at=B)
+        lines = do_rollover(clusters, env3.config, now=T0, owner="me", dry_run=True)
+        assert "open cluster 'cluster_3': [2024-05-01T00:00:00Z, open)" in lines
+        assert env3.meta() == before
+        # when late for B, the automatic choice moves on to the next boundary that is still a lead time away
+        plan = plan_rollover(clusters, env3.config, now=B - timedelta(days=2))
+        assert plan.boundary == datetime(2024, 6, 1, tzinfo=UTC)
+
+
+def test_retired_cluster_skipped_by_reads_covered_by_deletes(env3: Env) -> None:
+    """After retire: reads skip cluster_1, writes into its period fail, deletes still reach it."""
+    clock = Clock(T0)
+    key = data_key("fabula", 1)
+    with FeedRouter(env3.config, clock=clock, refresh=False) as router:
+        router.write_many([
+            FeedItem(receiver_id=1, sender_id=1, event_time=t, type=1, data={}, data_key=key)
+            for t in (P0 + timedelta(days=1), P1 + timedelta(days=1))
+        ])
+        assert router.read(1).sources == ("cluster_2", "cluster_1")
+        with Clusters(env3.config) as clusters:
+            with pytest.raises(PeriodChangeRefused, match="has not ended yet"):
+                retire(clusters, "cluster_2", now=clock.now)
+            retire(clusters, "cluster_1", now=clock.now)
+            retire(clusters, "cluster_1", now=clock.now)  # idempotent
+        router.refresh()
+        assert router.timemap.retired == {"cluster_1"}
+        page = router.read(1)
+        assert page.sources == ("cluster_2",) and page.queried == ("cluster_2",)
+        with pytest.raises(ClusterRetired, match="belongs to cluster 'cluster_1' .* which is retired"):
+            router.write(item(P0 + timedelta(days=2), 9, sender=1))
+        assert router.delete(key) == 2
+        assert env3.feed("cluster_1") == [] and env3.feed("cluster_2") == []
