@@ -30,10 +30,12 @@ __all__ = ["Cluster", "Clusters", "Capabilities", "driver_error"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml.
+#: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml. Every
+#: wait is bounded: finding a server, opening a connection, and each socket read.
 DEFAULT_OPTIONS: dict[str, Any] = {
     "serverSelectionTimeoutMS": 5000,
     "connectTimeoutMS": 5000,
+    "socketTimeoutMS": 10000,
     "appname": "feed-router",
 }
 

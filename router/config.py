@@ -13,8 +13,12 @@ Example file::
     read_window:                   # optional; no limit when absent
       clusters: 3                  # the 3 most recent started periods
       max_age: 400d                # and/or periods that ended less than 400 days ago
+    read:
+      on_unavailable: raise        # or partial: serve what the reachable clusters hold
     write:
       batch_size: 1000             # documents per insert_many
+      retries: 2                   # extra attempts after a transient network error
+      retry_backoff: 100ms         # first backoff, doubled each retry, jittered
     refresh_interval: 60s          # how often every router reloads the metadata
     clusters:
       - name: cluster_1
@@ -82,8 +86,8 @@ DRIVER_OPTIONS: Mapping[str, type | tuple[type, ...]] = {
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
+_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _USERINFO = re.compile(r"^(mongodb(?:\+srv)?://)([^@/]*)@")
 
 
@@ -146,6 +150,9 @@ class RouterConfig:
     metadata_collection: str = "metadata"
     read_window: ReadWindow = attrs.field(factory=ReadWindow)
     batch_size: int = 1000
+    write_retries: int = 2
+    retry_backoff: timedelta = timedelta(milliseconds=100)
+    on_unavailable: str = "raise"
     refresh_interval: timedelta = timedelta(seconds=60)
     rollover: RolloverConfig | None = None
     source: str = "<config>"
@@ -255,7 +262,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     if root is None:
         raise ConfigError([ConfigProblem(source, 0, 0, "", "the file is empty; it needs at least a 'clusters' list")])
     top = r.mapping(
-        root, "", {"database", "collections", "read_window", "write", "refresh_interval", "rollover", "clusters"}
+        root, "", {"database", "collections", "read_window", "read", "write", "refresh_interval", "rollover", "clusters"}
     )
     if top is None:
         raise ConfigError(r.problems)
@@ -273,9 +280,21 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     if "read_window" in top:
         kwargs["read_window"] = _read_window(r, top["read_window"])
     if "write" in top:
-        write = r.mapping(top["write"], "write", {"batch_size"}) or {}
+        write = r.mapping(top["write"], "write", {"batch_size", "retries", "retry_backoff"}) or {}
         if "batch_size" in write:
             kwargs["batch_size"] = r.integer(write["batch_size"], "write.batch_size", minimum=1)
+        if "retries" in write:
+            kwargs["write_retries"] = r.integer(write["retries"], "write.retries", minimum=0)
+        if "retry_backoff" in write:
+            kwargs["retry_backoff"] = _duration(r, write["retry_backoff"], "write.retry_backoff")
+    if "read" in top:
+        read = r.mapping(top["read"], "read", {"on_unavailable"}) or {}
+        if "on_unavailable" in read:
+            policy = r.value(read["on_unavailable"], "read.on_unavailable")
+            if policy in ("raise", "partial"):
+                kwargs["on_unavailable"] = policy
+            else:
+                r.problem(read["on_unavailable"], "read.on_unavailable", f"must be raise or partial (got {policy!r})")
     clusters: list[ClusterConfig] = []
     if "clusters" not in top:
         r.problem(root, "clusters", "is required: a list of {name, uri} entries")
@@ -293,7 +312,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
 
 
 def parse_duration(raw: object) -> timedelta | None:
-    """``"90d"``, ``"12h"``, ``"4w"``, ``"30m"``, ``"45s"`` as a positive timedelta, else ``None``."""
+    """``"90d"``, ``"12h"``, ``"4w"``, ``"30m"``, ``"45s"``, ``"250ms"`` as a positive timedelta, else ``None``."""
     m = _DURATION.match(raw) if isinstance(raw, str) else None
     if m is None or int(m.group(1)) == 0:
         return None

@@ -18,14 +18,22 @@ Example::
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from bson import ObjectId
-from pymongo.errors import BulkWriteError, PyMongoError
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    NetworkTimeout,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
 
 from .clusters import Cluster, Clusters, driver_error
 from .config import RouterConfig, load_config
@@ -42,6 +50,8 @@ UTC = timezone.utc
 #: The largest page a single read returns.
 MAX_PAGE = 1000
 _DUPLICATE_KEY = 11000
+#: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
+_TRANSIENT_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
 _SORT = [("event_time", -1), ("_id", -1)]
 
 
@@ -237,18 +247,13 @@ class FeedRouter:
         """Insert the items at *indexes* into *cluster*; return the ones not written and why."""
         failed: dict[int, BaseException] = {}
         size = self.config.batch_size
-        coll = cluster.feed
         for start in range(0, len(indexes), size):
             chunk = indexes[start : start + size]
             docs = [items[i].to_document(ids[i]) for i in chunk]
             try:
-                coll.insert_many(docs, ordered=False)
-            except BulkWriteError as exc:
-                for werr in exc.details.get("writeErrors", []):
-                    if werr.get("code") == _DUPLICATE_KEY:
-                        continue  # _id is the only unique key: an earlier attempt of this very write stored it
-                    failed[chunk[werr["index"]]] = ClusterUnavailable(
-                        cluster.name, f"insert refused (code {werr.get('code')}): {werr.get('errmsg', '')[:200]}"
+                for position, werr in self._insert_batch(cluster, docs):
+                    failed[chunk[position]] = ClusterUnavailable(
+                        cluster.name, f"insert refused (code {werr.get('code')}): {str(werr.get('errmsg', ''))[:200]}"
                     )
             except PyMongoError as exc:
                 # Outcome of this batch unknown, later batches not tried: none is reported as written.
@@ -258,6 +263,52 @@ class FeedRouter:
                     failed[i] = error
                 break
         return failed
+
+    def _insert_batch(self, cluster: Cluster, docs: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+        """``insert_many`` one batch, retrying transient failures; return the refused documents.
+
+        Safe to retry because every ``_id`` is made here: a duplicate key on a retry
+        means an earlier attempt stored that document. A network error mid-batch, a
+        primary step-down or an interrupted write is retried up to ``write.retries``
+        times with jittered exponential backoff. A server that cannot be selected or
+        does not answer within the socket timeout is not retried (its timeout has
+        already been spent): the error propagates.
+        """
+        pending = list(range(len(docs)))
+        attempts = self.config.write_retries + 1
+        backoff = self.config.retry_backoff.total_seconds()
+        refused: list[tuple[int, dict[str, Any]]] = []
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                cluster.feed.insert_many([docs[p] for p in pending], ordered=False)
+                pending = []
+            except BulkWriteError as exc:
+                retry: list[int] = []
+                for werr in exc.details.get("writeErrors", []):
+                    position = pending[werr["index"]]
+                    code = werr.get("code")
+                    if code == _DUPLICATE_KEY:
+                        continue  # _id is the only unique key: an earlier attempt stored this document
+                    if code in _TRANSIENT_CODES and not last:
+                        retry.append(position)
+                    else:
+                        refused.append((position, werr))
+                pending = retry
+            except (ServerSelectionTimeoutError, NetworkTimeout):
+                raise
+            except AutoReconnect:
+                if last:
+                    raise
+            if not pending:
+                return refused
+            delay = backoff * (2**attempt) * random.uniform(0.5, 1.5)
+            log.debug(
+                "cluster %s: %d documents hit a transient error; retry %d of %d in %.3f s",
+                cluster.name, len(pending), attempt + 1, attempts - 1, delay,
+            )
+            time.sleep(delay)
+        return refused
 
     # -- reads --------------------------------------------------------------------------
 
