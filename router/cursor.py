@@ -8,6 +8,12 @@ later pages: nothing already paged is lost or repeated.
 
 Format: ``"c1."`` followed by URL-safe base64 (no padding) of an 8-byte signed
 big-endian millisecond count and the 12 ``_id`` bytes.
+
+After a *partial* page (a cluster could not be read), the cursor also remembers
+each skipped cluster and where its unread items begin: ``"c2."`` + base64 of a
+flags byte, the main position (if any), and per skipped cluster its name and
+position (if any). Once a skipped cluster answers again, its items are served
+before the main walk continues, so none of them is lost.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from bson import ObjectId
 
 from .errors import InvalidCursor
 
-__all__ = ["Position", "encode_cursor", "decode_cursor"]
+__all__ = ["Position", "CursorState", "encode_cursor", "decode_cursor", "encode_state", "decode_state"]
 
 _PREFIX = "c1."
 _LAYOUT = struct.Struct(">q12s")
@@ -70,3 +76,71 @@ def decode_cursor(cursor: str) -> Position:
     except (binascii.Error, struct.error, ValueError, OverflowError) as exc:
         raise InvalidCursor(f"cursor: malformed ({exc}) (got {cursor!r:.60})") from None
     return Position(event_time, ObjectId(oid))
+
+
+@attrs.frozen
+class CursorState:
+    """Where paging stands: the main walk's position, the clusters still owed, and whether the walk ended."""
+
+    position: Position | None = None
+    pending: tuple[tuple[str, Position | None], ...] = ()
+    done: bool = False
+
+
+_V2 = "c2."
+_POS = struct.Struct(">q12s")
+
+
+def _pack_position(position: Position | None) -> bytes:
+    if position is None:
+        return b"\x00"
+    return b"\x01" + _POS.pack(_to_ms(position.event_time), position.id.binary)
+
+
+def encode_state(state: CursorState) -> str:
+    """The cursor string for *state* (a plain ``c1.`` cursor when nothing is pending)."""
+    if not state.pending and not state.done and state.position is not None:
+        return encode_cursor(state.position)
+    parts = [bytes([1 if state.done else 0]), _pack_position(state.position), bytes([len(state.pending)])]
+    for name, position in state.pending:
+        raw_name = name.encode("utf-8")
+        parts += [bytes([len(raw_name)]), raw_name, _pack_position(position)]
+    return _V2 + base64.urlsafe_b64encode(b"".join(parts)).rstrip(b"=").decode("ascii")
+
+
+def decode_state(cursor: str) -> CursorState:
+    """Parse any cursor this module makes; raise :class:`InvalidCursor` otherwise."""
+    if isinstance(cursor, str) and cursor.startswith(_PREFIX):
+        return CursorState(position=decode_cursor(cursor))
+    if not isinstance(cursor, str) or not cursor.startswith(_V2):
+        raise InvalidCursor(f"cursor: not a feed-router cursor (got {cursor!r:.60})")
+    body = cursor[len(_V2) :]
+    try:
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        at = 0
+
+        def take(n: int) -> bytes:
+            nonlocal at
+            if at + n > len(raw):
+                raise ValueError("truncated")
+            chunk = raw[at : at + n]
+            at += n
+            return chunk
+
+        def position() -> Position | None:
+            if take(1) == b"\x00":
+                return None
+            ms, oid = _POS.unpack(take(_POS.size))
+            return Position(_EPOCH + timedelta(milliseconds=ms), ObjectId(oid))
+
+        done = take(1) == b"\x01"
+        main = position()
+        pending = []
+        for _ in range(take(1)[0]):
+            name = take(take(1)[0]).decode("utf-8")
+            pending.append((name, position()))
+        if at != len(raw):
+            raise ValueError("trailing bytes")
+    except (binascii.Error, struct.error, ValueError, OverflowError, UnicodeDecodeError) as exc:
+        raise InvalidCursor(f"cursor: malformed ({exc}) (got {cursor!r:.60})") from None
+    return CursorState(position=main, pending=tuple(pending), done=done)

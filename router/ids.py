@@ -113,3 +113,94 @@ def data_key(kind: str, object_id: object) -> str:
     if not isinstance(kind, str) or not kind:
         raise InvalidItem("kind", f"must be a non-empty str (got {kind!r})")
     return murmur3_hex(f"{kind}_{object_id}")
+
+
+# -- fan-out copy ids ---------------------------------------------------------------------
+#
+# A fan-out writes one copy of an item per receiver, and must be able to write it again
+# (after a crash, a timeout, a second run) without doubling it. So a copy's ``_id`` is not
+# drawn fresh but derived from what the copy *is*::
+#
+#     | 4 bytes: event_time, UTC seconds, big-endian | 8 bytes: MurmurHash3 of (data_key, receiver) |
+#
+# The 8 bytes are the first 8 of the MurmurHash3_x64_128 digest (seed 0, ``mmh3.hash_bytes``)
+# of the UTF-8 bytes of ``f"{len(data_key)}:{data_key}"`` + ``"i"`` or ``"s"`` + ``str(receiver_id)``.
+# The length prefix makes the encoding injective for any data_key (even one holding the
+# separator), and the ``i``/``s`` tag keeps receiver ``5`` and receiver ``"5"`` apart. Hashing
+# always goes through ``bytes``: mmh3 5.3 crashes the interpreter on a ``str`` holding a lone
+# surrogate, while ``str.encode`` raises ``UnicodeEncodeError`` for it.
+
+
+def copy_key(data_key: str, receiver_id: int | str) -> bytes:
+    """The bytes hashed into a fan-out copy's id (see :func:`copy_id`).
+
+    Example::
+
+        >>> copy_key("ab", 5), copy_key("ab", "5")
+        (b'2:abi5', b'2:abs5')
+    """
+    prefix = f"{len(data_key)}:{data_key}".encode("utf-8")
+    if isinstance(receiver_id, str):
+        return prefix + b"s" + receiver_id.encode("utf-8")
+    return b"%bi%d" % (prefix, receiver_id)
+
+
+def copy_id(seconds: int, data_key: str, receiver_id: int | str) -> ObjectId:
+    """The deterministic ``_id`` of *receiver_id*'s copy of the item *data_key* at event second *seconds*.
+
+    The same arguments always give the same id, so writing a copy twice is a duplicate-key
+    no-op; the timestamp is the event's second, as for every feed ``_id``.
+
+    Example::
+
+        >>> oid = copy_id(1462096800, "243594d857def216113909cc6956dd08", 1000386)
+        >>> oid.generation_time.isoformat()
+        '2016-05-01T10:00:00+00:00'
+        >>> oid == copy_id(1462096800, "243594d857def216113909cc6956dd08", 1000386)
+        True
+
+    Raises :class:`InvalidItem` for a second outside an ObjectId's range, an empty or
+    non-str *data_key*, or a receiver that is not a 64-bit int or a non-empty str.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds < 2**32:
+        raise InvalidItem("seconds", f"must be an int in [0, 2**32), an ObjectId timestamp (got {seconds!r})")
+    if not isinstance(data_key, str) or not data_key:
+        raise InvalidItem("data_key", f"must be a non-empty str (got {data_key!r})")
+    if isinstance(receiver_id, str):
+        ok = receiver_id != ""
+    else:
+        ok = isinstance(receiver_id, int) and not isinstance(receiver_id, bool) and -(2**63) <= receiver_id < 2**63
+    if not ok:
+        raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty str (got {receiver_id!r:.80})")
+    try:
+        key = copy_key(data_key, receiver_id)
+    except UnicodeEncodeError as exc:
+        raise InvalidItem("receiver_id", f"must be valid Unicode text ({exc.reason})") from None
+    return _wrap(seconds.to_bytes(4, "big") + mmh3.hash_bytes(key)[:8])
+
+
+def copy_ids(seconds: int, data_key: str, receivers: Sequence[int | str]) -> list[ObjectId]:
+    """:func:`copy_id` for many receivers of one item: the fan-out's inner loop.
+
+    Arguments are not checked (the caller has: *seconds* in range, *data_key* a non-empty
+    str, each receiver an int or a non-empty str). A str that is not valid Unicode raises
+    ``UnicodeEncodeError``; callers retry such a batch one receiver at a time.
+
+    Example::
+
+        >>> copy_ids(1462096800, "k", [1, "1"]) == [copy_id(1462096800, "k", 1), copy_id(1462096800, "k", "1")]
+        True
+    """
+    stamp = seconds.to_bytes(4, "big")
+    prefix = f"{len(data_key)}:{data_key}".encode("utf-8")
+    as_int = prefix + b"i"
+    as_str = prefix + b"s"
+    hash_bytes = mmh3.hash_bytes
+    wrap = _wrap
+    return [
+        wrap(stamp + hash_bytes(as_str + r.encode("utf-8") if isinstance(r, str) else b"%b%d" % (as_int, r))[:8])
+        for r in receivers
+    ]
+
+
+__all__ += ["copy_key", "copy_id", "copy_ids"]

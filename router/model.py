@@ -264,12 +264,16 @@ class Page:
 
     ``items[i]`` was served by cluster ``sources[i]``; ``queried`` lists the clusters
     asked, in order; ``next_cursor`` is ``None`` once the read window is exhausted.
+    A ``partial`` page left out the clusters in ``unavailable`` (they could not be
+    read); its cursor comes back for them.
     """
 
     items: tuple[FeedItem, ...]
     next_cursor: str | None
     sources: tuple[str, ...] = ()
     queried: tuple[str, ...] = ()
+    partial: bool = False
+    unavailable: tuple[str, ...] = ()
 
     def __iter__(self) -> Any:
         return iter(self.items)

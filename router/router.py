@@ -37,7 +37,7 @@ from pymongo.errors import (
 
 from .clusters import Cluster, Clusters, driver_error
 from .config import RouterConfig, load_config
-from .cursor import Position, decode_cursor, encode_cursor
+from .cursor import CursorState, Position, decode_state, encode_state
 from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, RouterError, StaleMetadata, WriteFailed
 from .ids import make_ids
 from .model import FeedItem, Page, check_item
@@ -312,48 +312,97 @@ class FeedRouter:
 
     # -- reads --------------------------------------------------------------------------
 
-    def read(self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None) -> Page:
+    def read(
+        self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None
+    ) -> Page:
         """One page of *receiver_id*'s feed, newest first by ``(event_time, _id)``.
 
         The newest cluster in the read window is asked first; an older one only while
         the page is not full, and only for the items still missing. Pass the page's
         ``next_cursor`` to get the next page; it is ``None`` once the window is
         exhausted (a full page always carries a cursor, so the last page may be empty).
+
+        *on_unavailable* (default ``read.on_unavailable`` from the config) decides what
+        a cluster that cannot be read does to the page: ``"raise"`` raises
+        :class:`ClusterUnavailable`; ``"partial"`` serves what the other clusters hold
+        and marks the page ``partial`` with the clusters in ``unavailable``. Its cursor
+        remembers them: once one answers again, its unread items come first on the
+        following pages (they sort before items already served), so none is skipped.
         """
         if isinstance(receiver_id, bool) or not isinstance(receiver_id, (int, str)) or receiver_id == "":
             raise InvalidItem("receiver_id", f"must be an int or a non-empty str (got {receiver_id!r})")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidItem("limit", f"must be an int from 1 to {MAX_PAGE} (got {limit!r})")
-        position = decode_cursor(cursor) if cursor is not None else None
-        names = self._timemap.clusters_for_read(
-            now=self._clock(),
-            window=self.config.read_window,
-            before=position.event_time if position is not None else None,
-        )
-        query: dict[str, Any] = {"receiver_id": receiver_id}
-        if position is not None:
-            query.update(position.older_filter())
+        policy = self.config.on_unavailable if on_unavailable is None else on_unavailable
+        if policy not in ("raise", "partial"):
+            raise InvalidItem("on_unavailable", f"must be 'raise' or 'partial' (got {policy!r})")
+        state = decode_state(cursor) if cursor is not None else CursorState()
         items: list[FeedItem] = []
         sources: list[str] = []
         queried: list[str] = []
-        for name in names:
+        unavailable: list[str] = []
+        owed: list[tuple[str, Position | None]] = []
+
+        def fetch(name: str, position: Position | None) -> Position | None:
+            """Append up to the missing count from *name*; return where it stands if it may hold more."""
             need = limit - len(items)
-            if need <= 0:
-                break
-            feed = self._clusters[name].feed
+            query: dict[str, Any] = {"receiver_id": receiver_id}
+            if position is not None:
+                query.update(position.older_filter())
             try:
-                docs = list(feed.find(query, sort=_SORT, limit=need))
+                docs = list(self._clusters[name].feed.find(query, sort=_SORT, limit=need))
             except PyMongoError as exc:
-                raise driver_error(name, exc, doing="find") from exc
+                error = driver_error(name, exc, doing="find")
+                if policy == "raise":
+                    raise error from exc
+                log.warning("%s; serving a partial page", error)
+                unavailable.append(name)
+                owed.append((name, position))
+                return None
             queried.append(name)
             items.extend(FeedItem.from_document(d) for d in docs)
             sources.extend([name] * len(docs))
-        next_cursor = None
-        if len(items) == limit:
+            if len(docs) < need:
+                return None
             last = items[-1]
             assert last.id is not None
-            next_cursor = encode_cursor(Position(last.event_time, last.id))
-        return Page(items=tuple(items), next_cursor=next_cursor, sources=tuple(sources), queried=tuple(queried))
+            return Position(last.event_time, last.id)
+
+        for name, position in state.pending:  # clusters skipped earlier while down
+            if len(items) >= limit or name not in self._clusters.names:
+                if name in self._clusters.names:
+                    owed.append((name, position))
+                continue
+            more = fetch(name, position)
+            if more is not None:
+                owed.append((name, more))
+        main, done = state.position, state.done
+        if not done:
+            names = self._timemap.clusters_for_read(
+                now=self._clock(),
+                window=self.config.read_window,
+                before=main.event_time if main is not None else None,
+            )
+            done = True
+            for name in names:
+                if len(items) >= limit:
+                    done = False
+                    break
+                more = fetch(name, main)
+                if more is not None:
+                    done = False
+                    break
+            main_items = [it for it, src in zip(items, sources) if src not in {n for n, _ in state.pending}]
+            if main_items and not done:
+                last = main_items[-1]
+                assert last.id is not None
+                main = Position(last.event_time, last.id)
+        next_state = CursorState(position=main, pending=tuple(owed), done=done)
+        next_cursor = None if done and not owed else encode_state(next_state)
+        return Page(
+            items=tuple(items), next_cursor=next_cursor, sources=tuple(sources), queried=tuple(queried),
+            partial=bool(unavailable), unavailable=tuple(unavailable),
+        )
 
     # -- deletes ------------------------------------------------------------------------
 

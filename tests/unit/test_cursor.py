@@ -48,3 +48,34 @@ def test_older_filter_breaks_ties_on_id() -> None:
     assert Position(t, oid).older_filter() == {
         "$or": [{"event_time": {"$lt": t}}, {"event_time": t, "_id": {"$lt": oid}}]
     }
+
+
+positions = st.builds(
+    Position,
+    st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2106, 1, 1), timezones=st.just(UTC)).map(
+        lambda t: t.replace(microsecond=t.microsecond // 1000 * 1000)
+    ),
+    st.binary(min_size=12, max_size=12).map(ObjectId),
+)
+
+
+@given(
+    main=st.none() | positions,
+    pending=st.lists(st.tuples(st.text(min_size=1, max_size=20), st.none() | positions), max_size=4),
+    done=st.booleans(),
+)
+def test_state_round_trip(main: Position | None, pending: list[tuple[str, Position | None]], done: bool) -> None:
+    """A cursor that owes skipped clusters decodes to exactly the state it encoded."""
+    from router.cursor import CursorState, decode_state, encode_state
+
+    state = CursorState(position=main, pending=tuple(pending), done=done)
+    assert decode_state(encode_state(state)) == state
+
+
+@pytest.mark.parametrize("bad", ["c2.", "c2.AQ", "c2.AAAB", "c2.AAAAAAAAAAA"])
+def test_garbage_state_is_invalid_cursor(bad: str) -> None:
+    """Truncated or malformed partial-page cursors raise InvalidCursor."""
+    from router.cursor import decode_state
+
+    with pytest.raises(InvalidCursor):
+        decode_state(bad)
