@@ -45,8 +45,7 @@ def driver_error(cluster: str, exc: BaseException, *, doing: str) -> ClusterUnav
 
     Raise it ``from exc`` so the driver's traceback stays attached.
     """
-    text = str(exc).split("\n", 1)[0]
-    text = " ".join(redact_uri(w) for w in text.split(" "))
+    text = redact_uri(str(exc).split("\n", 1)[0])
     if len(text) > 300:
         text = text[:297] + "..."
     return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")

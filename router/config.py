@@ -88,16 +88,17 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-_USERINFO = re.compile(r"^(mongodb(?:\+srv)?://)([^@/]*)@")
+# scheme://user:password@ -- the password runs to the last "@" before the host part.
+_SECRET = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:@/\s'\"]*):[^\s'\"]*@(?=[^@\s'\"]*(?:[\s'\"]|$))")
 
 
-def redact_uri(uri: str) -> str:
-    """*uri* with any password replaced by ``***`` (the user name is kept)."""
-    m = _USERINFO.match(uri)
-    if not m or ":" not in m.group(2):
-        return uri
-    user = m.group(2).split(":", 1)[0]
-    return f"{m.group(1)}{user}:***@{uri[m.end():]}"
+def redact_uri(text: str) -> str:
+    """*text* with the password of every ``scheme://user:password@host`` in it replaced by ``***``.
+
+    Works on a bare URI and on any message that contains URIs; user names and
+    hosts are kept. Used for every URI the router prints, logs or raises.
+    """
+    return _SECRET.sub(r"\1:***@", text)
 
 
 @attrs.frozen(kw_only=True)

@@ -137,6 +137,9 @@ def test_load_config_reports_the_path(tmp_path: Path) -> None:
         ("mongodb+srv://u:p%40ss@h", "mongodb+srv://u:***@h"),
         ("mongodb://u@h", "mongodb://u@h"),
         ("mongodb://h:1", "mongodb://h:1"),
+        ("mysql://u:pw@h", "mysql://u:***@h"),
+        ("mongodb://u:p@ss@h/x?y=1", "mongodb://u:***@h/x?y=1"),
+        ("failed: 'mongodb://u:pw@h:1' and mongodb://a:b@c", "failed: 'mongodb://u:***@h:1' and mongodb://a:***@c"),
     ],
 )
 def test_redact_uri(uri: str, shown: str) -> None:
