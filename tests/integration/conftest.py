@@ -98,10 +98,10 @@ def make_router(make_config: Callable[..., RouterConfig]) -> Iterator[Callable[.
     """Register the three periods and open a FeedRouter on them (closed afterwards)."""
     opened: list[FeedRouter] = []
 
-    def make(*, clock: Callable[[], datetime] = lambda: NOW, **kwargs: Any) -> FeedRouter:
+    def make(*, clock: Callable[[], datetime] = lambda: NOW, refresh: bool = True, **kwargs: Any) -> FeedRouter:
         config = make_config(**kwargs)
         register(config)
-        router = FeedRouter(config, clock=clock)
+        router = FeedRouter(config, clock=clock, refresh=refresh)
         opened.append(router)
         return router
 
