@@ -1,0 +1,77 @@
+"""Transient network errors on insert are retried, boundedly, and never double a document."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
+
+from .blip import BlipProxy
+from .conftest import NOW, P1, register
+
+Clients = dict[str, MongoClient[dict[str, Any]]]
+
+
+@pytest.fixture
+def proxied(make_config: Callable[..., RouterConfig], raw_clients: Clients) -> Iterator[Callable[..., tuple[FeedRouter, BlipProxy]]]:
+    """A router whose cluster_2 is reached through a BlipProxy."""
+    made: list[tuple[FeedRouter, BlipProxy]] = []
+
+    def make(**kwargs: Any) -> tuple[FeedRouter, BlipProxy]:
+        host, port = raw_clients["cluster_2"].address
+        proxy = BlipProxy(port)
+        uris = [f"mongodb://{h}:{p}" for h, p in (c.address for c in raw_clients.values())]
+        config = make_config(uris=[uris[0], proxy.uri, uris[2]], serverSelectionTimeoutMS=2000)
+        from attrs import evolve
+
+        config = evolve(config, **kwargs)
+        register(config)
+        router = FeedRouter(config, clock=lambda: NOW, refresh=False)
+        made.append((router, proxy))
+        return router, proxy
+
+    yield make
+    for router, proxy in made:
+        router.close()
+        proxy.close()
+
+
+def batch(n: int, offset: int = 0) -> list[FeedItem]:
+    return [FeedItem(receiver_id=i % 3, sender_id=1, event_time=P1 + timedelta(hours=i), type=1, data={"n": offset + i},
+                     data_key=data_key("f", offset + i)) for i in range(n)]
+
+
+def test_blip_is_retried_and_logged(proxied: Callable[..., tuple[FeedRouter, BlipProxy]], raw_clients: Clients,
+                                    db_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The connection carrying the insert is cut once: the write still succeeds, once, and debug logs the retry."""
+    router, proxy = proxied()
+    router.write_many(batch(5))
+    proxy.cut_next(b"insert", 1)
+    with caplog.at_level(logging.DEBUG, logger="router.router"):
+        router.write_many(batch(20, offset=100))
+    assert proxy.cuts == 1
+    assert "cluster cluster_2: 20 documents hit a transient error; retry 1 of 2" in caplog.text
+    feed = raw_clients["cluster_2"][db_name].feed
+    assert feed.count_documents({}) == 25
+    assert len(feed.distinct("data.n")) == 25
+
+
+def test_retries_are_bounded(proxied: Callable[..., tuple[FeedRouter, BlipProxy]], raw_clients: Clients, db_name: str) -> None:
+    """More blips than retries: every item of that cluster is reported not written, by index."""
+    router, proxy = proxied(write_retries=1, retry_backoff=timedelta(milliseconds=10))
+    proxy.cut_next(b"insert", 5)
+    with pytest.raises(WriteFailed) as info:
+        router.write_many(batch(10))
+    assert proxy.cuts == 2  # the first attempt and one retry
+    assert sorted(info.value.failed) == list(range(10))
+    assert all(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in info.value.failed.values())
+    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 0
+    proxy.cut_next(b"insert", 0)
+    router.write_many(batch(10))  # and after the blips, the same items go in once
+    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
