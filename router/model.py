@@ -163,12 +163,52 @@ def _check_data(data: Mapping[str, Any], index: int | None) -> None:
         raise InvalidItem("data", f"must encode to at most {MAX_DATA_BYTES} bytes of BSON (got {size})", index=index)
 
 
+_MIN64, _MAX64 = _INT64
+
+
 def check_item(item: object, index: int | None = None) -> float:
     """Check *item* can be stored; return its ``event_time`` as UTC epoch seconds.
 
     ``event_time`` follows :func:`event_timestamp`'s rule. Raises :class:`InvalidItem`
     naming the field and the value.
+
+    This runs once per written item, so the usual shape (a FeedItem with a UTC
+    ``event_time``, int or str ids, a flat dict of small scalars) is checked inline
+    in one call; anything else takes the detailed path, which gives the error.
     """
+    if type(item) is FeedItem:
+        et = item.event_time
+        if type(et) is datetime and et.tzinfo is UTC:
+            ts = et.timestamp()
+            r, s, t, k, d = item.receiver_id, item.sender_id, item.type, item.data_key, item.data
+            if (
+                0.0 <= ts < MAX_OBJECTID_SECONDS
+                and ((type(r) is int and _MIN64 <= r < _MAX64) or (type(r) is str and r != ""))  # noqa: E721
+                and ((type(s) is int and _MIN64 <= s < _MAX64) or (type(s) is str and s != ""))  # noqa: E721
+                and ((type(t) is int and _MIN64 <= t < _MAX64) or (type(t) is str and t != ""))  # noqa: E721
+                and type(k) is str
+                and k != ""
+                and type(d) is dict
+            ):
+                for key, value in d.items():
+                    kind = type(value)
+                    if type(key) is not str or "\x00" in key:
+                        break
+                    if kind is int:
+                        if not _MIN64 <= value < _MAX64:
+                            break
+                    elif kind is str:
+                        if len(value) >= _LONG_STR:
+                            break
+                    elif value is not None and kind is not float and kind is not bool:
+                        break
+                else:
+                    return ts
+    return _check_item_slowly(item, index)
+
+
+def _check_item_slowly(item: object, index: int | None) -> float:
+    """The detailed checks behind :func:`check_item`: precise errors, unusual but valid items."""
     if type(item) is not FeedItem:
         raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
     ts = event_timestamp(item.event_time, index=index)

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import attrs
 from bson import ObjectId
 from pymongo.errors import (
     AutoReconnect,
@@ -43,7 +44,7 @@ from .ids import make_ids
 from .model import FeedItem, Page, check_item
 from .timemap import TimeMap
 
-__all__ = ["FeedRouter", "MAX_PAGE"]
+__all__ = ["FeedRouter", "Prepared", "MAX_PAGE"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -57,6 +58,22 @@ _SORT = [("event_time", -1), ("_id", -1)]
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+@attrs.frozen
+class Prepared:
+    """Items checked, routed and turned into documents: ``ids`` in input order, and per
+    cluster the input indexes and the documents to insert, in the same order."""
+
+    ids: list[ObjectId]
+    batches: dict[str, tuple[list[int], list[dict[str, Any]]]]
+
+
+class _PastHorizon(Exception):
+    """Item ``index`` lies past what the time map can vouch for (internal: triggers a refresh)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 class FeedRouter:
@@ -180,38 +197,80 @@ class FeedRouter:
                 raise InvalidItem("items", f"must be an iterable of FeedItem (got {type(items).__name__})") from None
         return self._write(items, indexed=True)
 
-    def _write(self, seq: Sequence[FeedItem], *, indexed: bool, refreshed: bool = False) -> list[ObjectId]:
+    def prepare(self, items: Sequence[FeedItem]) -> Prepared:
+        """The write path without I/O: check every item, route it, make its ``_id``, build its document.
+
+        Raises what :meth:`write_many` raises for bad input, plus :class:`StaleMetadata`
+        for an item past the map's horizon (:meth:`write_many` refreshes once first).
+        Useful to measure the router's own CPU cost, and to inspect where items would go.
+        """
+        return self._prepare(items, indexed=True)
+
+    def _prepare(self, seq: Sequence[FeedItem], *, indexed: bool) -> Prepared:
         timemap = self._timemap
-        lookup = timemap.lookup
+        locate = timemap.locate
         retired = timemap.retired
         horizon = self._horizon()
         open_period = timemap.open_period
         open_name = open_period.name if open_period is not None else None
-        groups: dict[str, list[int]] = {}
+        batches: dict[str, tuple[list[int], list[dict[str, Any]]]] = {}
         seconds: list[int] = []
-        append = seconds.append
+        documents: list[dict[str, Any]] = []
+        add_second = seconds.append
+        add_document = documents.append
+        name, lo, hi = "", 1.0, 0.0  # the period of the previous item
+        indexes: list[int] = []
+        docs: list[dict[str, Any]] = []
         for i, item in enumerate(seq):
             ts = check_item(item, i if indexed else None)
-            name = lookup(ts)
-            if ts >= horizon and (name is None or name == open_name):
-                return self._write_after_refresh(seq, i, indexed=indexed, refreshed=refreshed)
-            if name is None or name in retired:
-                raise timemap.no_cluster(item.event_time, index=i if indexed else None)
-            append(int(ts))
-            group = groups.get(name)
-            if group is None:
-                groups[name] = [i]
-            else:
-                group.append(i)
+            if not lo <= ts < hi:
+                found = locate(ts)
+                if found is None or found[0] in retired:
+                    if found is None and ts >= horizon:
+                        raise _PastHorizon(i)  # a period this map has not heard of may own it
+                    raise timemap.no_cluster(item.event_time, index=i if indexed else None)
+                name, lo, hi = found
+                batch = batches.get(name)
+                if batch is None:
+                    batch = batches[name] = ([], [])
+                indexes, docs = batch
+            if ts >= horizon and name == open_name:
+                raise _PastHorizon(i)
+            doc: dict[str, Any] = {
+                "_id": None,  # filled below, once the ids of the whole call are made
+                "data_key": item.data_key,
+                "receiver_id": item.receiver_id,
+                "sender_id": item.sender_id,
+                "event_time": item.event_time,
+                "type": item.type,
+                "data": item.data,
+            }
+            add_second(int(ts))
+            add_document(doc)
+            indexes.append(i)
+            docs.append(doc)
         ids = make_ids(seconds)
-        if not groups:
+        for doc, oid in zip(documents, ids):
+            doc["_id"] = oid
+        return Prepared(ids=ids, batches=batches)
+
+    def _write(self, seq: Sequence[FeedItem], *, indexed: bool, refreshed: bool = False) -> list[ObjectId]:
+        try:
+            prepared = self._prepare(seq, indexed=indexed)
+        except _PastHorizon as past:
+            return self._write_after_refresh(seq, past.index, indexed=indexed, refreshed=refreshed)
+        ids = prepared.ids
+        if not prepared.batches:
             return ids
         failed: dict[int, BaseException] = {}
-        if len(groups) == 1:
-            ((name, idx),) = groups.items()
-            failed.update(self._insert(self._clusters[name], seq, ids, idx))
+        if len(prepared.batches) == 1:
+            ((name, (idx, docs)),) = prepared.batches.items()
+            failed.update(self._insert(self._clusters[name], idx, docs))
         else:
-            futures = [self._clusters.submit(self._insert, self._clusters[n], seq, ids, idx) for n, idx in groups.items()]
+            futures = [
+                self._clusters.submit(self._insert, self._clusters[n], idx, docs)
+                for n, (idx, docs) in prepared.batches.items()
+            ]
             for f in futures:
                 failed.update(f.result())
         if failed:
@@ -241,15 +300,13 @@ class FeedRouter:
             "a period starting before it may not be announced yet, so the router does not guess"
         )
 
-    def _insert(
-        self, cluster: Cluster, items: Sequence[FeedItem], ids: list[ObjectId], indexes: list[int]
-    ) -> dict[int, BaseException]:
-        """Insert the items at *indexes* into *cluster*; return the ones not written and why."""
+    def _insert(self, cluster: Cluster, indexes: list[int], documents: list[dict[str, Any]]) -> dict[int, BaseException]:
+        """Insert *documents* (the items at *indexes*) into *cluster* in batches; return the ones not written and why."""
         failed: dict[int, BaseException] = {}
         size = self.config.batch_size
         for start in range(0, len(indexes), size):
             chunk = indexes[start : start + size]
-            docs = [items[i].to_document(ids[i]) for i in chunk]
+            docs = documents[start : start + size]
             try:
                 for position, werr in self._insert_batch(cluster, docs):
                     failed[chunk[position]] = ClusterUnavailable(

@@ -139,6 +139,17 @@ class TimeMap:
             return self._names[i]
         return None
 
+    def locate(self, ts: float) -> tuple[str, float, float] | None:
+        """Like :meth:`lookup`, with the owning period's bounds ``(name, start, end)`` in epoch seconds.
+
+        A bulk write checks the bounds before looking up again: consecutive items
+        mostly share a period.
+        """
+        i = bisect_right(self._starts, ts) - 1
+        if i >= 0 and ts < self._ends[i]:
+            return self._names[i], self._starts[i], self._ends[i]
+        return None
+
     def cluster_for(self, event_time: datetime, *, index: int | None = None) -> str:
         """The cluster whose period holds *event_time*, or raise :class:`NoClusterForTime`."""
         t = to_utc(event_time)

@@ -285,8 +285,9 @@ def test_duplicate_id_on_retry_counts_as_written(router: FeedRouter, raw_clients
     # what a retried batch sends after a lost acknowledgement: the same _id again, plus a new one
     from router.ids import make_ids
 
-    again = [item(1, P2 + timedelta(days=1), 1)] * 2
-    failed = router._insert(router.clusters["cluster_3"], again, [oid, make_ids([int(P2.timestamp())])[0]], [0, 1])
+    again = item(1, P2 + timedelta(days=1), 1)
+    docs = [again.to_document(oid), again.to_document(make_ids([int(P2.timestamp())])[0])]
+    failed = router._insert(router.clusters["cluster_3"], [0, 1], docs)
     assert failed == {}
     assert raw_clients["cluster_3"][db_name].feed.count_documents({}) == 2
 

@@ -1,0 +1,25 @@
+"""The benchmark runs at a small size and reports every measure; its targets are judged by its own summary."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from router.bench import run_bench
+from router.localservers import LocalClusters
+
+
+def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
+    """A small run prints the table and the summary, and writes the raw figures."""
+    out = io.StringIO()
+    results = run_bench(out, size="small", uris=servers.uris, results_dir=tmp_path)
+    text = out.getvalue()
+    names = {r.name for r in results}
+    assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "delete_ratio"} <= names
+    assert "| measure | router | raw pymongo |" in text
+    assert text.rstrip().splitlines()[-1].startswith(f"SUMMARY: {sum(r.passed for r in results)} of {len(results)} targets met")
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["results"]) == len(results) and all(r["router"] for r in data["results"])
+    pages = next(r for r in results if r.name == "commands_per_page")
+    assert pages.passed, pages.note  # exact counts, not timings: 1 find, k finds, documents = items
