@@ -20,7 +20,7 @@ from pymongo import MongoClient
 from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError, PyMongoError
 
-from .config import ClusterConfig, RouterConfig, redact_uri
+from .config import ClusterConfig, RouterConfig, redact_uri, uri_password
 from .errors import ClusterUnavailable, InvalidItem, MetadataError
 from .model import ClusterMeta
 from .timemap import TimeMap
@@ -40,12 +40,16 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
-def driver_error(cluster: str, exc: BaseException, *, doing: str) -> ClusterUnavailable:
+def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterUnavailable:
     """A :class:`ClusterUnavailable` for a driver error, with any URI password redacted.
 
+    *secrets* (the cluster's configured password) are masked word for word as well.
     Raise it ``from exc`` so the driver's traceback stays attached.
     """
     text = redact_uri(str(exc).split("\n", 1)[0])
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
     if len(text) > 300:
         text = text[:297] + "..."
     return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")
@@ -77,11 +81,13 @@ class Cluster:
     def __init__(self, spec: ClusterConfig, config: RouterConfig) -> None:
         self.name = spec.name
         self.spec = spec
+        #: The password of this cluster (from the URI or the options), masked in every message.
+        self.secrets: tuple[str, ...] = tuple(x for x in (uri_password(spec.uri), spec.options.get("password")) if x)
         options = {**DEFAULT_OPTIONS, **spec.options, "tz_aware": True}
         try:
             self.client: MongoClient[dict[str, Any]] = MongoClient(spec.uri, **options)
         except (ConfigurationError, ValueError, TypeError) as exc:
-            raise driver_error(self.name, exc, doing="configuring the client") from exc
+            raise self.error(exc, doing="configuring the client") from exc
         db = self.client[config.database]
         self.feed: Collection[dict[str, Any]] = db[config.feed_collection]
         self.metadata: Collection[dict[str, Any]] = db[config.metadata_collection]
@@ -89,12 +95,16 @@ class Cluster:
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
 
+    def error(self, exc: BaseException, *, doing: str) -> ClusterUnavailable:
+        """:func:`driver_error` for this cluster, with its configured password masked too."""
+        return driver_error(self.name, exc, doing=doing, secrets=self.secrets)
+
     def call(self, doing: str, fn: Callable[[], T]) -> T:
         """Run *fn*, turning any driver error into :class:`ClusterUnavailable` naming this cluster."""
         try:
             return fn()
         except PyMongoError as exc:
-            raise driver_error(self.name, exc, doing=doing) from exc
+            raise self.error(exc, doing=doing) from exc
 
     def ping(self) -> None:
         """Round-trip to the server; raise :class:`ClusterUnavailable` if it does not answer."""

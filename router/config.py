@@ -52,6 +52,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "redact_uri",
+    "uri_password",
     "parse_duration",
     "DRIVER_OPTIONS",
 ]
@@ -92,6 +93,18 @@ _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d
 _SECRET = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:@/\s'\"]*):[^\s'\"]*@(?=[^@\s'\"]*(?:[\s'\"]|$))")
 
 
+def uri_password(uri: str) -> str | None:
+    """The password in *uri*'s ``user:password@`` part, read by position (quotes and spaces included)."""
+    start = uri.find("://")
+    if start < 0:
+        return None
+    rest = uri[start + 3 :]
+    authority = rest.split("/", 1)[0]
+    at = authority.rfind("@")
+    userinfo = authority[:at] if at >= 0 else ""
+    return userinfo.split(":", 1)[1] if ":" in userinfo else None
+
+
 def redact_uri(text: str) -> str:
     """*text* with the password of every ``scheme://user:password@host`` in it replaced by ``***``.
 
@@ -99,6 +112,11 @@ def redact_uri(text: str) -> str:
     hosts are kept. Used for every URI the router prints, logs or raises.
     """
     return _SECRET.sub(r"\1:***@", text)
+
+
+def _masked(uri: str) -> str:
+    password = uri_password(uri)
+    return redact_uri(uri.replace(f":{password}@", ":***@", 1) if password else uri)
 
 
 @attrs.frozen(kw_only=True)
@@ -109,13 +127,13 @@ class ClusterConfig:
     """
 
     name: str
-    uri: str = attrs.field(repr=lambda u: repr(redact_uri(u)))
+    uri: str = attrs.field(repr=lambda u: repr(_masked(u)))
     options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
 
     @property
     def display_uri(self) -> str:
         """The URI safe to print or log."""
-        return redact_uri(self.uri)
+        return _masked(self.uri)
 
 
 @attrs.frozen(kw_only=True)
@@ -248,7 +266,7 @@ class _Reader:
             return "a mapping"
         if isinstance(node, yaml.SequenceNode):
             return "a list"
-        return repr(node.value)
+        return repr(_masked(node.value) if isinstance(node.value, str) else node.value)
 
 
 def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -400,7 +418,7 @@ def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
         if "uri" in spec:
             uri = r.string(spec["uri"], f"{path}.uri")
             if uri is not None and not uri.startswith(("mongodb://", "mongodb+srv://")):
-                r.problem(spec["uri"], f"{path}.uri", f"must be a mongodb:// or mongodb+srv:// URI (got {redact_uri(uri)!r})")
+                r.problem(spec["uri"], f"{path}.uri", f"must be a mongodb:// or mongodb+srv:// URI (got {_masked(uri)!r})")
                 uri = None
         options = _options(r, spec["options"], f"{path}.options") if "options" in spec else {}
         if name is not None:
@@ -410,7 +428,7 @@ def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
         if uri is not None:
             key = uri.rstrip("/")
             if key in uris:
-                r.problem(spec["uri"], f"{path}.uri", f"duplicate URI, already used by {uris[key]} (got {redact_uri(uri)!r})")
+                r.problem(spec["uri"], f"{path}.uri", f"duplicate URI, already used by {uris[key]} (got {_masked(uri)!r})")
             uris.setdefault(key, path)
         if name is not None and uri is not None:
             out.append(ClusterConfig(name=name, uri=uri, options=options))

@@ -91,6 +91,14 @@ def object_id_for(event_time: datetime) -> ObjectId:
     return make_ids((event_seconds(event_time),))[0]
 
 
+def _utf8(text: str, field: str) -> bytes:
+    # Always hash bytes: mmh3 5.3 crashes the interpreter on a str holding a lone surrogate.
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidItem(field, f"must be valid Unicode text (got {text!r:.80})") from None
+
+
 def murmur3_hex(text: str) -> str:
     """Lowercase hex of the MurmurHash3_x64_128 digest (seed 0) of *text* in UTF-8.
 
@@ -99,7 +107,7 @@ def murmur3_hex(text: str) -> str:
         >>> murmur3_hex("The quick brown fox jumps over the lazy dog")
         '6c1b07bc7bbc4be347939ac4a93c437a'
     """
-    return mmh3.hash_bytes(text).hex()  # mmh3 hashes a str as its UTF-8 bytes
+    return mmh3.hash_bytes(_utf8(text, "text")).hex()
 
 
 def data_key(kind: str, object_id: object) -> str:
@@ -113,7 +121,7 @@ def data_key(kind: str, object_id: object) -> str:
     if type(kind) is not str or not kind:
         if not (isinstance(kind, str) and kind):
             raise InvalidItem("kind", f"must be a non-empty str (got {kind!r})")
-    return mmh3.hash_bytes(f"{kind}_{object_id}").hex()  # as murmur3_hex, inlined: it runs once per item
+    return mmh3.hash_bytes(_utf8(f"{kind}_{object_id}", "object_id")).hex()
 
 
 # -- fan-out copy ids ---------------------------------------------------------------------

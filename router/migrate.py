@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 from pymongo.errors import PyMongoError
 
-from .clusters import Capabilities, Cluster, driver_error
+from .clusters import Capabilities, Cluster
 from .config import RouterConfig
 from .errors import MigrationError
 
@@ -137,7 +137,7 @@ class MigrationContext:
             try:
                 self.cluster.client[database].command(command)
             except PyMongoError as exc:
-                raise driver_error(self.cluster.name, exc, doing=f"command {next(iter(command))}") from exc
+                raise self.cluster.error(exc, doing=f"command {next(iter(command))}") from exc
 
     def create_collection(self, name: str) -> None:
         """Create *name* in the feed database unless it exists."""
@@ -145,7 +145,7 @@ class MigrationContext:
         try:
             exists = name in db.list_collection_names(filter={"name": name})
         except PyMongoError as exc:
-            raise driver_error(self.cluster.name, exc, doing="listing collections") from exc
+            raise self.cluster.error(exc, doing="listing collections") from exc
         if exists:
             self.note(f"collection {name} exists")
             return
@@ -217,7 +217,7 @@ def migrate_cluster(
             try:
                 coll.replace_one({"_id": migration.id}, record, upsert=True)
             except PyMongoError as exc:
-                raise driver_error(cluster.name, exc, doing=f"recording migration {migration.id}") from exc
+                raise cluster.error(exc, doing=f"recording migration {migration.id}") from exc
     return MigrationReport(
         cluster=cluster.name,
         applied=tuple(m.id for m in pending),

@@ -34,6 +34,7 @@ MAX_OBJECTID_SECONDS = 2**32
 MAX_DATA_BYTES = 16 * 1024 * 1024 - 16 * 1024
 _INT64 = (-(2**63), 2**63)
 _LONG_STR = 64 * 1024
+_FLAT_KEYS = 64
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -125,10 +126,27 @@ def event_timestamp(value: object, *, field: str = "event_time", index: int | No
     return ts
 
 
-def _is_id(value: object) -> bool:
+def is_text(value: object) -> bool:
+    """A non-empty str that UTF-8 can encode (no lone surrogates)."""
+    if not isinstance(value, str) or value == "":
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_id(value: object) -> bool:
+    """A receiver, sender or type value BSON can store: a 64-bit int or a non-empty UTF-8 str (not a bool)."""
     if isinstance(value, str):
-        return value != ""
+        return is_text(value)
     return isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value < _INT64[1]
+
+
+_is_id = is_id
 
 
 def _check_data(data: Mapping[str, Any], index: int | None) -> None:
@@ -138,21 +156,23 @@ def _check_data(data: Mapping[str, Any], index: int | None) -> None:
     else is encoded once, so a bad nested value fails here instead of in the middle
     of a multi-cluster write.
     """
-    simple = True
-    for key, value in data.items():
+    for key in data:
         if type(key) is not str:
             raise InvalidItem("data", f"keys must be str (got key {key!r})", index=index)
-        kind = type(value)
-        if "\x00" in key:
-            simple = False
-        elif kind is int:
-            simple = _INT64[0] <= value < _INT64[1]
-        elif kind is str:
-            simple = len(value) < _LONG_STR
-        elif value is not None and kind is not float and kind is not bool:
-            simple = False
-        if not simple:
-            break
+    simple = len(data) <= _FLAT_KEYS  # many keys: let the encoder measure the size
+    if simple:
+        for key, value in data.items():
+            kind = type(value)
+            if "\x00" in key or not key.isascii():
+                simple = False
+            elif kind is int:
+                simple = _INT64[0] <= value < _INT64[1]
+            elif kind is str:
+                simple = len(value) < _LONG_STR and value.isascii()
+            elif value is not None and kind is not float and kind is not bool:
+                simple = False
+            if not simple:
+                break
     if simple:
         return
     try:
@@ -183,22 +203,24 @@ def check_item(item: object, index: int | None = None) -> float:
             r, s, t, k, d = item.receiver_id, item.sender_id, item.type, item.data_key, item.data
             if (
                 0.0 <= ts < MAX_OBJECTID_SECONDS
-                and ((type(r) is int and _MIN64 <= r < _MAX64) or (type(r) is str and r != ""))  # noqa: E721
-                and ((type(s) is int and _MIN64 <= s < _MAX64) or (type(s) is str and s != ""))  # noqa: E721
-                and ((type(t) is int and _MIN64 <= t < _MAX64) or (type(t) is str and t != ""))  # noqa: E721
+                and ((type(r) is int and _MIN64 <= r < _MAX64) or (type(r) is str and r != "" and r.isascii()))
+                and ((type(s) is int and _MIN64 <= s < _MAX64) or (type(s) is str and s != "" and s.isascii()))
+                and ((type(t) is int and _MIN64 <= t < _MAX64) or (type(t) is str and t != "" and t.isascii()))
                 and type(k) is str
                 and k != ""
+                and k.isascii()
                 and type(d) is dict
+                and len(d) <= _FLAT_KEYS  # with values under _LONG_STR, far below the size limit
             ):
                 for key, value in d.items():
                     kind = type(value)
-                    if type(key) is not str or "\x00" in key:
+                    if type(key) is not str or "\x00" in key or not key.isascii():
                         break
                     if kind is int:
                         if not _MIN64 <= value < _MAX64:
                             break
                     elif kind is str:
-                        if len(value) >= _LONG_STR:
+                        if len(value) >= _LONG_STR or not value.isascii():
                             break
                     elif value is not None and kind is not float and kind is not bool:
                         break
@@ -213,15 +235,15 @@ def _check_item_slowly(item: object, index: int | None) -> float:
         raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
     ts = event_timestamp(item.event_time, index=index)
     if not _is_id(item.receiver_id):
-        raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty str (got {item.receiver_id!r:.80})", index=index)
+        raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {item.receiver_id!r:.80})", index=index)
     if not _is_id(item.sender_id):
-        raise InvalidItem("sender_id", f"must be a 64-bit int or a non-empty str (got {item.sender_id!r:.80})", index=index)
+        raise InvalidItem("sender_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {item.sender_id!r:.80})", index=index)
     t = item.type
     if not _is_id(t):
-        raise InvalidItem("type", f"must be a 64-bit int or a non-empty str (got {t!r:.80})", index=index)
+        raise InvalidItem("type", f"must be a 64-bit int or a non-empty UTF-8 str (got {t!r:.80})", index=index)
     dk = item.data_key
-    if type(dk) is not str or not dk:
-        raise InvalidItem("data_key", f"must be a non-empty str (got {dk!r})", index=index)
+    if not is_text(dk):
+        raise InvalidItem("data_key", f"must be a non-empty UTF-8 str (got {dk!r:.80})", index=index)
     data = item.data
     if not isinstance(data, Mapping):
         raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})", index=index)

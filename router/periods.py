@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 from pymongo.errors import PyMongoError
 
-from .clusters import Clusters, driver_error
+from .clusters import Clusters
 from .errors import PeriodChangeRefused
 from .migrate import Migration, migrate_cluster
 from .model import ClusterMeta, to_utc
@@ -85,7 +85,7 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
             doc = feed.find_one(query, sort=[("event_time", -1)], projection={"event_time": 1})
             latest = doc["event_time"] if doc else None
     except PyMongoError as exc:
-        raise driver_error(name, exc, doing="counting stored documents") from exc
+        raise clusters[name].error(exc, doing="counting stored documents") from exc
     return count, latest
 
 

@@ -44,7 +44,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from .boundaries import next_boundary
-from .clusters import Clusters, driver_error
+from .clusters import Clusters
 from .config import RolloverConfig, RouterConfig
 from .errors import ClusterUnavailable, PeriodChangeRefused, RolloverError
 from .migrate import Migration, applied_migrations, discover
@@ -185,7 +185,7 @@ def _take_lease(clusters: Clusters, cluster: str, key: str, owner: str, *, now: 
     except DuplicateKeyError:
         return False
     except PyMongoError as exc:
-        raise driver_error(cluster, exc, doing="taking the rollover lease") from exc
+        raise clusters[cluster].error(exc, doing="taking the rollover lease") from exc
     return True
 
 

@@ -36,12 +36,12 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from .clusters import Cluster, Clusters, driver_error
+from .clusters import Cluster, Clusters
 from .config import RouterConfig, load_config
 from .cursor import CursorState, Position, decode_state, encode_state
 from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, RouterError, StaleMetadata, WriteFailed
 from .ids import make_ids
-from .model import FeedItem, Page, check_item
+from .model import FeedItem, Page, check_item, is_id, is_text
 from .timemap import TimeMap
 
 __all__ = ["FeedRouter", "Prepared", "MAX_PAGE"]
@@ -58,6 +58,11 @@ _SORT = [("event_time", -1), ("_id", -1)]
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _fresh_id(old: ObjectId) -> ObjectId:
+    """A new id for the same event second as *old*."""
+    return make_ids([int.from_bytes(old.binary[:4], "big")])[0]
 
 
 @attrs.frozen
@@ -273,6 +278,9 @@ class FeedRouter:
             ]
             for f in futures:
                 failed.update(f.result())
+        for _name, (idx, docs) in prepared.batches.items():  # ids replaced after a collision
+            for i, doc in zip(idx, docs):
+                ids[i] = doc["_id"]
         if failed:
             err = WriteFailed(failed, ids)
             log.error("%s", err)
@@ -301,71 +309,108 @@ class FeedRouter:
         )
 
     def _insert(self, cluster: Cluster, indexes: list[int], documents: list[dict[str, Any]]) -> dict[int, BaseException]:
-        """Insert *documents* (the items at *indexes*) into *cluster* in batches; return the ones not written and why."""
+        """Insert *documents* (the items at *indexes*) into *cluster* in batches; return the ones not written and why.
+
+        A document whose ``_id`` had to be replaced (see :meth:`_insert_batch`) carries
+        its new ``_id``; the caller reads the ids back from the documents.
+        """
         failed: dict[int, BaseException] = {}
         size = self.config.batch_size
         for start in range(0, len(indexes), size):
             chunk = indexes[start : start + size]
             docs = documents[start : start + size]
             try:
-                for position, werr in self._insert_batch(cluster, docs):
-                    failed[chunk[position]] = ClusterUnavailable(
-                        cluster.name, f"insert refused (code {werr.get('code')}): {str(werr.get('errmsg', ''))[:200]}"
-                    )
+                for position, reason in self._insert_batch(cluster, docs):
+                    failed[chunk[position]] = ClusterUnavailable(cluster.name, reason)
             except PyMongoError as exc:
                 # Outcome of this batch unknown, later batches not tried: none is reported as written.
-                error = driver_error(cluster.name, exc, doing="insert_many")
+                error = cluster.error(exc, doing="insert_many")
                 error.__cause__ = exc
                 for i in indexes[start:]:
                     failed[i] = error
                 break
         return failed
 
-    def _insert_batch(self, cluster: Cluster, docs: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-        """``insert_many`` one batch, retrying transient failures; return the refused documents.
+    def _insert_batch(self, cluster: Cluster, docs: list[dict[str, Any]]) -> list[tuple[int, str]]:
+        """``insert_many`` one batch, retrying transient failures; return the refused documents and why.
 
-        Safe to retry because every ``_id`` is made here: a duplicate key on a retry
-        means an earlier attempt stored that document. A network error mid-batch, a
-        primary step-down or an interrupted write is retried up to ``write.retries``
-        times with jittered exponential backoff. A server that cannot be selected or
-        does not answer within the socket timeout is not retried (its timeout has
-        already been spent): the error propagates.
+        * A network error mid-batch, a primary step-down or an interrupted write is
+          retried up to ``write.retries`` times with jittered exponential backoff.
+          A server that cannot be selected, or does not answer within the socket
+          timeout, is not retried (its timeout is spent): the error propagates.
+        * A duplicate ``_id`` on the first send is a collision with an older item
+          (event seconds recur, and the 3-byte counter wraps after 2**24 ids): the
+          document gets a fresh ``_id`` and is sent again. After a failed or retried
+          send, a duplicate may be this very document stored by the earlier attempt:
+          the stored copies are read back, and only an identical one counts as written.
+        * A write-concern error leaves every document of the send in doubt: all are
+          reported not written (writing them again is safe).
         """
         pending = list(range(len(docs)))
         attempts = self.config.write_retries + 1
         backoff = self.config.retry_backoff.total_seconds()
-        refused: list[tuple[int, dict[str, Any]]] = []
-        for attempt in range(attempts):
-            last = attempt == attempts - 1
+        refused: list[tuple[int, str]] = []
+        attempt = 0
+        sent_before = False  # has any send of this batch possibly reached the server?
+        while pending:
+            retry: list[int] = []
+            again: list[int] = []  # collisions: new ids, resend at once
             try:
                 cluster.feed.insert_many([docs[p] for p in pending], ordered=False)
-                pending = []
+                return refused
             except BulkWriteError as exc:
-                retry: list[int] = []
-                for werr in exc.details.get("writeErrors", []):
+                details = exc.details
+                if details.get("writeConcernErrors"):
+                    wce = details["writeConcernErrors"][0]
+                    reason = f"write concern not satisfied, outcome unknown: {str(wce.get('errmsg', ''))[:200]}"
+                    return refused + [(p, reason) for p in pending]
+                duplicates: list[int] = []
+                for werr in details.get("writeErrors", []):
                     position = pending[werr["index"]]
                     code = werr.get("code")
                     if code == _DUPLICATE_KEY:
-                        continue  # _id is the only unique key: an earlier attempt stored this document
-                    if code in _TRANSIENT_CODES and not last:
+                        duplicates.append(position)
+                    elif code in _TRANSIENT_CODES and attempt < attempts - 1:
                         retry.append(position)
                     else:
-                        refused.append((position, werr))
-                pending = retry
+                        refused.append((position, f"insert refused (code {code}): {str(werr.get('errmsg', ''))[:200]}"))
+                stored = self._stored_copies(cluster, docs, duplicates) if sent_before and duplicates else set()
+                for position in duplicates:
+                    if position not in stored:
+                        docs[position]["_id"] = _fresh_id(docs[position]["_id"])
+                        again.append(position)
+                sent_before = True
             except (ServerSelectionTimeoutError, NetworkTimeout):
                 raise
             except AutoReconnect:
-                if last:
+                if attempt == attempts - 1:
                     raise
-            if not pending:
-                return refused
-            delay = backoff * (2**attempt) * random.uniform(0.5, 1.5)
-            log.debug(
-                "cluster %s: %d documents hit a transient error; retry %d of %d in %.3f s",
-                cluster.name, len(pending), attempt + 1, attempts - 1, delay,
-            )
-            time.sleep(delay)
+                retry = pending
+                sent_before = True
+            pending = again + retry
+            if retry:
+                attempt += 1
+                delay = backoff * (2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+                log.debug(
+                    "cluster %s: %d documents hit a transient error; retry %d of %d in %.3f s",
+                    cluster.name, len(retry), attempt, attempts - 1, delay,
+                )
+                time.sleep(delay)
+            elif again:
+                log.debug("cluster %s: %d _id collisions; resending with fresh ids", cluster.name, len(again))
         return refused
+
+    @staticmethod
+    def _stored_copies(cluster: Cluster, docs: list[dict[str, Any]], positions: list[int]) -> set[int]:
+        """Which of *positions* are stored exactly as built (an earlier attempt), not another item's _id."""
+        wanted = {docs[p]["_id"]: p for p in positions}
+        found = cluster.call("reading back duplicates", lambda: list(cluster.feed.find({"_id": {"$in": list(wanted)}})))
+        same: set[int] = set()
+        for stored in found:
+            p = wanted.get(stored["_id"])
+            if p is not None and all(stored.get(f) == docs[p][f] for f in ("data_key", "receiver_id", "sender_id", "type")):
+                same.add(p)
+        return same
 
     # -- reads --------------------------------------------------------------------------
 
@@ -386,8 +431,8 @@ class FeedRouter:
         remembers them: once one answers again, its unread items come first on the
         following pages (they sort before items already served), so none is skipped.
         """
-        if isinstance(receiver_id, bool) or not isinstance(receiver_id, (int, str)) or receiver_id == "":
-            raise InvalidItem("receiver_id", f"must be an int or a non-empty str (got {receiver_id!r})")
+        if not is_id(receiver_id):
+            raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {receiver_id!r:.80})")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidItem("limit", f"must be an int from 1 to {MAX_PAGE} (got {limit!r})")
         policy = self.config.on_unavailable if on_unavailable is None else on_unavailable
@@ -409,7 +454,7 @@ class FeedRouter:
             try:
                 docs = list(self._clusters[name].feed.find(query, sort=_SORT, limit=need))
             except PyMongoError as exc:
-                error = driver_error(name, exc, doing="find")
+                error = self._clusters[name].error(exc, doing="find")
                 if policy == "raise":
                     raise error from exc
                 log.warning("%s; serving a partial page", error)
@@ -469,8 +514,8 @@ class FeedRouter:
         All clusters are asked concurrently. If some do not answer, :class:`DeleteFailed`
         says which, and how many copies the others removed; re-running is safe.
         """
-        if not isinstance(data_key, str) or not data_key:
-            raise InvalidItem("data_key", f"must be a non-empty str (got {data_key!r})")
+        if not is_text(data_key):
+            raise InvalidItem("data_key", f"must be a non-empty UTF-8 str (got {data_key!r:.80})")
 
         def remove(cluster: Cluster) -> int:
             return cluster.call("delete_many", lambda: cluster.feed.delete_many({"data_key": data_key}).deleted_count)

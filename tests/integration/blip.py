@@ -20,6 +20,7 @@ class BlipProxy:
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._cut: dict[bytes, int] = {}
+        self._cut_reply: dict[bytes, int] = {}
         self.cuts = 0
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -32,6 +33,20 @@ class BlipProxy:
         """Drop the connection on the next *times* client messages containing *marker*."""
         with self._lock:
             self._cut[marker] = times
+
+    def cut_reply_next(self, marker: bytes, times: int = 1) -> None:
+        """Forward the next *times* messages containing *marker*, then cut the connection before the reply."""
+        with self._lock:
+            self._cut_reply[marker] = times
+
+    def _should_cut_reply(self, data: bytes) -> bool:
+        with self._lock:
+            for marker, left in self._cut_reply.items():
+                if left and marker in data:
+                    self._cut_reply[marker] = left - 1
+                    self.cuts += 1
+                    return True
+        return False
 
     def _should_cut(self, data: bytes) -> bool:
         with self._lock:
@@ -53,10 +68,11 @@ class BlipProxy:
             except OSError:
                 client.close()
                 continue
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+            doomed = threading.Event()  # the request went through; its reply must not
+            threading.Thread(target=self._pump, args=(client, upstream, True, doomed), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False, doomed), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool, doomed: threading.Event) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -64,6 +80,10 @@ class BlipProxy:
                     break
                 if from_client and self._should_cut(data):
                     break
+                if not from_client and doomed.is_set():
+                    break
+                if from_client and self._should_cut_reply(data):
+                    doomed.set()
                 dst.sendall(data)
         except OSError:
             pass

@@ -75,3 +75,16 @@ def test_retries_are_bounded(proxied: Callable[..., tuple[FeedRouter, BlipProxy]
     proxy.cut_next(b"insert", 0)
     router.write_many(batch(10))  # and after the blips, the same items go in once
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
+
+
+def test_lost_reply_retry_counts_stored_copies_once(proxied: Callable[..., tuple[FeedRouter, BlipProxy]], raw_clients: Clients,
+                                                   db_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The insert reaches the server but its reply is cut: the retry's duplicates are read back, nothing doubles or goes missing."""
+    router, proxy = proxied()
+    proxy.cut_reply_next(b"insert", 1)
+    with caplog.at_level(logging.DEBUG, logger="router.router"):
+        ids = router.write_many(batch(15))
+    assert proxy.cuts == 1 and "retry 1 of 2" in caplog.text
+    feed = raw_clients["cluster_2"][db_name].feed
+    assert feed.count_documents({}) == 15
+    assert sorted(d["_id"] for d in feed.find({}, {"_id": 1})) == sorted(ids)  # the ids returned are the stored ones

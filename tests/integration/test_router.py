@@ -219,11 +219,11 @@ def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterCon
     [
         ("event_time", datetime(2024, 5, 1), "items[3].event_time: must be timezone-aware"),
         ("event_time", "2024-05-01", "items[3].event_time: must be a timezone-aware datetime"),
-        ("receiver_id", None, "items[3].receiver_id: must be a 64-bit int or a non-empty str (got None)"),
-        ("receiver_id", True, "items[3].receiver_id: must be a 64-bit int or a non-empty str (got True)"),
+        ("receiver_id", None, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str (got None)"),
+        ("receiver_id", True, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str (got True)"),
         ("receiver_id", 2**63, "items[3].receiver_id: must be a 64-bit int"),
-        ("sender_id", 1.5, "items[3].sender_id: must be a 64-bit int or a non-empty str (got 1.5)"),
-        ("type", [1], "items[3].type: must be a 64-bit int or a non-empty str (got [1])"),
+        ("sender_id", 1.5, "items[3].sender_id: must be a 64-bit int or a non-empty UTF-8 str (got 1.5)"),
+        ("type", [1], "items[3].type: must be a 64-bit int or a non-empty UTF-8 str (got [1])"),
         ("data", "x", "items[3].data: must be a mapping (got str)"),
         ("data", {1: "x"}, "items[3].data: keys must be str (got key 1)"),
         ("data", {"a": {1: "x"}}, "items[3].data: cannot be stored as BSON: "),
@@ -231,7 +231,7 @@ def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterCon
         ("data", {"a": 2**64}, "items[3].data: cannot be stored as BSON: "),
         ("data", {"a\x00b": 1}, "items[3].data: cannot be stored as BSON: "),
         ("data", {"blob": "x" * (17 * 1024 * 1024)}, "items[3].data: must encode to at most"),
-        ("data_key", "", "items[3].data_key: must be a non-empty str"),
+        ("data_key", "", "items[3].data_key: must be a non-empty UTF-8 str"),
     ],
 )
 def test_invalid_item_rejects_the_whole_batch(
@@ -273,23 +273,20 @@ def test_bad_read_arguments(router: FeedRouter, kwargs: dict[str, Any], exc: typ
 
 def test_bad_delete_argument(router: FeedRouter) -> None:
     """delete needs a data_key string."""
-    with pytest.raises(InvalidItem, match="data_key: must be a non-empty str"):
+    with pytest.raises(InvalidItem, match="data_key: must be a non-empty UTF-8 str"):
         router.delete(None)  # type: ignore[arg-type]
 
 
-def test_duplicate_id_on_retry_counts_as_written(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
-    """Re-inserting a document the router already stored (a retried batch) is not a failure."""
+def test_id_collision_gets_a_fresh_id(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """A first send that hits another item's _id (event seconds recur, the counter wraps) is re-sent with a new id."""
     oid = router.write(item(1, P2 + timedelta(days=1), 1))
-    doc = raw_clients["cluster_3"][db_name].feed.find_one({"_id": oid})
-    assert doc is not None
-    # what a retried batch sends after a lost acknowledgement: the same _id again, plus a new one
-    from router.ids import make_ids
-
-    again = item(1, P2 + timedelta(days=1), 1)
-    docs = [again.to_document(oid), again.to_document(make_ids([int(P2.timestamp())])[0])]
-    failed = router._insert(router.clusters["cluster_3"], [0, 1], docs)
-    assert failed == {}
-    assert raw_clients["cluster_3"][db_name].feed.count_documents({}) == 2
+    newcomer = item(2, P2 + timedelta(days=1), 2)
+    doc = newcomer.to_document(oid)  # the same _id as the stored, different item
+    failed = router._insert(router.clusters["cluster_3"], [0], [doc])
+    assert failed == {} and doc["_id"] != oid
+    assert doc["_id"].generation_time == oid.generation_time  # same event second
+    feed = raw_clients["cluster_3"][db_name].feed
+    assert feed.count_documents({}) == 2 and feed.find_one({"_id": doc["_id"]})["receiver_id"] == 2  # type: ignore[index]
 
 
 def test_unreachable_cluster_at_start_up_is_named(make_config: Callable[..., RouterConfig], servers: Any) -> None:
@@ -330,3 +327,38 @@ def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConf
                 router.write(item(1, P1 + timedelta(days=2), 99))
             spare.servers[0].restart()
             router.write(item(1, P1 + timedelta(days=2), 99))  # recovers without a new router
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("data", {"x": "bad\ud800"}, "items[2].data: cannot be stored as BSON"),
+        ("data", {f"k{i}": "x" * 60_000 for i in range(300)}, "items[2].data: must encode to at most"),
+        ("receiver_id", "\ud800", "items[2].receiver_id: must be a 64-bit int or a non-empty UTF-8 str"),
+        ("data_key", "k\ud800", "items[2].data_key: must be a non-empty UTF-8 str"),
+        ("type", "t\udfff", "items[2].type: must be a 64-bit int or a non-empty"),
+    ],
+)
+def test_unencodable_input_refused_before_any_write(
+    router: FeedRouter, raw_clients: Clients, db_name: str, field: str, value: object, message: str
+) -> None:
+    """Lone surrogates and oversized flat data are InvalidItem up front; the other clusters stay untouched."""
+    fields: dict[str, Any] = dict(receiver_id=1, sender_id=2, event_time=P1 + timedelta(days=1), type=1, data={}, data_key="k")
+    fields[field] = value
+    good = [item(1, P0 + timedelta(days=1), 0), item(1, P2 + timedelta(days=1), 1)]
+    with pytest.raises(InvalidItem) as info:
+        router.write_many([*good, FeedItem(**fields)])
+    assert str(info.value).startswith(message)
+    assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 0
+
+
+@pytest.mark.parametrize("call", ["read_surrogate", "read_huge", "delete_surrogate"])
+def test_unencodable_read_and_delete_arguments(router: FeedRouter, call: str) -> None:
+    """read and delete refuse values BSON cannot carry with InvalidItem, not a raw encoding error."""
+    with pytest.raises(InvalidItem):
+        if call == "read_surrogate":
+            router.read("\ud800")
+        elif call == "read_huge":
+            router.read(2**70)
+        else:
+            router.delete("\ud800")
