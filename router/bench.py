@@ -38,7 +38,7 @@ from .ids import data_key
 from .localservers import LocalClusters
 from .migrate import discover, migrate_cluster
 from .model import ClusterMeta, FeedItem
-from .router import FeedRouter
+from .router import FeedRouter, _Loaded
 
 __all__ = ["main", "run_bench", "Result"]
 
@@ -187,7 +187,7 @@ def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
 
             def insert() -> None:
                 futures = [
-                    router.clusters.submit(lambda c=colls[name], d=docs: c.insert_many(d, ordered=False))
+                    router.clusters.submit(name, lambda c=colls[name], d=docs: c.insert_many(d, ordered=False))
                     for name, docs in raw_docs.items()
                 ]
                 for f in futures:
@@ -211,8 +211,7 @@ def bench_cpu(n: int, reps: int) -> Result:
              ClusterMeta(name=NAMES[2], start_date=P2)]
     router = FeedRouter.__new__(FeedRouter)  # the write path only: no connections are needed to measure it
     router.config = RouterConfig(clusters=())
-    router._timemap = TimeMap(metas)
-    router._refreshed_at = NOW
+    router._loaded = _Loaded(TimeMap(metas), NOW)
     step = (NOW - P0) / n
     times = [P0 + step * i for i in range(n)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Collection as AnyCollection
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import attrs
@@ -146,16 +146,24 @@ class Clusters:
             timemap = clusters.load_timemap()
     """
 
+    #: Threads per cluster for concurrent calls (writes, deletes, metadata reads).
+    WORKERS_PER_CLUSTER = 4
+
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self._by_name: dict[str, Cluster] = {}
+        self._pools: dict[str, ThreadPoolExecutor] = {}
         try:
             for spec in config.clusters:
                 self._by_name[spec.name] = Cluster(spec, config)
         except ClusterUnavailable:
             self.close()
             raise
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._by_name)), thread_name_prefix="feed-router")
+        # One small pool per cluster: a slow or hung cluster ties up only its own threads.
+        self._pools = {
+            name: ThreadPoolExecutor(max_workers=self.WORKERS_PER_CLUSTER, thread_name_prefix=f"feed-router-{name}")
+            for name in self._by_name
+        }
 
     def __getitem__(self, name: str) -> Cluster:
         return self._by_name[name]
@@ -177,7 +185,7 @@ class Clusters:
         Errors other than :class:`ClusterUnavailable` propagate (they are bugs or bad input).
         """
         targets = [self._by_name[n] for n in (self._by_name if names is None else names)]
-        futures = [self._pool.submit(fn, c) for c in targets]
+        futures = [self._pools[c.name].submit(fn, c) for c in targets]
         results: dict[str, T | ClusterUnavailable] = {}
         for cluster, future in zip(targets, futures):
             error = future.exception()
@@ -189,9 +197,9 @@ class Clusters:
                 raise error
         return results
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the shared pool (one worker per cluster); returns a Future."""
-        return self._pool.submit(fn, *args)
+    def submit(self, name: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on cluster *name*'s own thread pool; returns a Future."""
+        return self._pools[name].submit(fn, *args)
 
     def inspect_metadata(
         self, *, allow_missing: AnyCollection[str] = ()
@@ -235,13 +243,24 @@ class Clusters:
             problems = TimeMap.problems(metas)
         return metas, problems, down
 
-    def load_timemap(self, *, allow_missing: AnyCollection[str] = ()) -> TimeMap:
+    def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
         """Read every cluster's metadata and build the time map (see :meth:`inspect_metadata`).
 
-        Raises :class:`ClusterUnavailable` naming every unreachable cluster, else
-        :class:`MetadataError` listing every problem.
+        With *previous* (a refresh), a cluster that does not answer keeps the period it
+        had in *previous*, so one dead cluster does not freeze every router's map; its
+        own metadata cannot have been changed by anyone meanwhile without reaching it.
+        Otherwise raises :class:`ClusterUnavailable` naming every unreachable cluster,
+        and :class:`MetadataError` listing every problem.
         """
         metas, problems, down = self.inspect_metadata(allow_missing=allow_missing)
+        if down and previous is not None:
+            kept = [m for m in previous.periods if m.name in down]
+            log.warning(
+                "metadata refresh: %s did not answer; keeping their last known periods", ", ".join(sorted(down))
+            )
+            metas += kept
+            problems = problems or TimeMap.problems(metas)
+            down = {}
         if down:
             first = next(iter(down.values()))
             if len(down) == 1:
@@ -258,8 +277,7 @@ class Clusters:
 
     def close(self) -> None:
         """Close every client and the thread pool."""
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
+        for pool in self._pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
         for c in self._by_name.values():
             c.close()

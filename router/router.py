@@ -74,6 +74,14 @@ class Prepared:
     batches: dict[str, tuple[list[int], list[dict[str, Any]]]]
 
 
+@attrs.frozen
+class _Loaded:
+    """A time map and the moment its load began: read and replaced together."""
+
+    timemap: TimeMap
+    at: datetime
+
+
 class _PastHorizon(Exception):
     """Item ``index`` lies past what the time map can vouch for (internal: triggers a refresh)."""
 
@@ -108,13 +116,14 @@ class FeedRouter:
         self.config = config
         self._clock = clock
         self._clusters = Clusters(config)
+        self._refresh_lock = threading.Lock()
+        started = clock()
         try:
-            self._timemap = self._clusters.load_timemap()
+            self._loaded = _Loaded(self._clusters.load_timemap(), started)
         except BaseException:
             self._clusters.close()
             raise
-        self._refreshed_at = clock()
-        log.info("time map loaded from %d clusters:\n%s", len(self._clusters), self._timemap.describe())
+        log.info("time map loaded from %d clusters:\n%s", len(self._clusters), self._loaded.timemap.describe())
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
         if refresh:
@@ -131,7 +140,7 @@ class FeedRouter:
     @property
     def timemap(self) -> TimeMap:
         """The time map in use (replaced as a whole by :meth:`refresh`)."""
-        return self._timemap
+        return self._loaded.timemap
 
     @property
     def clusters(self) -> Clusters:
@@ -140,15 +149,21 @@ class FeedRouter:
 
     @property
     def refreshed_at(self) -> datetime:
-        """When the map in use was loaded (by the router's clock)."""
-        return self._refreshed_at
+        """When the load of the map in use began (by the router's clock)."""
+        return self._loaded.at
 
     def refresh(self) -> TimeMap:
-        """Reload every cluster's metadata; the old map stays in use if this raises."""
-        started = self._clock()
-        self._timemap = self._clusters.load_timemap()
-        self._refreshed_at = started
-        return self._timemap
+        """Reload every cluster's metadata; the old map stays in use if this raises.
+
+        A cluster that does not answer keeps its last known period. The map and the
+        time its load began are replaced together, and never by an older load.
+        """
+        with self._refresh_lock:
+            started = self._clock()
+            timemap = self._clusters.load_timemap(previous=self._loaded.timemap)
+            if started >= self._loaded.at:
+                self._loaded = _Loaded(timemap, started)
+            return self._loaded.timemap
 
     def _refresh_loop(self) -> None:
         interval = self.config.refresh_interval.total_seconds()
@@ -156,7 +171,7 @@ class FeedRouter:
             try:
                 self.refresh()
             except RouterError as exc:
-                log.warning("metadata refresh failed; keeping the map loaded at %s: %s", self._refreshed_at.isoformat(), exc)
+                log.warning("metadata refresh failed; keeping the map loaded at %s: %s", self._loaded.at.isoformat(), exc)
 
     def stop_refresh(self) -> None:
         """Stop the background refresh (the map stays as it is)."""
@@ -165,12 +180,12 @@ class FeedRouter:
             self._refresher.join()
             self._refresher = None
 
-    def _horizon(self) -> float:
-        """UTC epoch seconds up to which the open-ended period can be trusted (infinite without rollover)."""
+    def _horizon(self, loaded: _Loaded) -> float:
+        """UTC epoch seconds up to which *loaded*'s open-ended period can be trusted (infinite without rollover)."""
         rollover = self.config.rollover
         if rollover is None:
             return float("inf")
-        return self._refreshed_at.timestamp() + rollover.lead_time.total_seconds()
+        return loaded.at.timestamp() + rollover.lead_time.total_seconds()
 
     # -- writes -------------------------------------------------------------------------
 
@@ -209,13 +224,17 @@ class FeedRouter:
         for an item past the map's horizon (:meth:`write_many` refreshes once first).
         Useful to measure the router's own CPU cost, and to inspect where items would go.
         """
-        return self._prepare(items, indexed=True)
+        try:
+            return self._prepare(items, indexed=True)
+        except _PastHorizon as past:
+            raise self._stale(items, past.index, indexed=True) from None
 
     def _prepare(self, seq: Sequence[FeedItem], *, indexed: bool) -> Prepared:
-        timemap = self._timemap
+        loaded = self._loaded  # one read: the map and its horizon belong together
+        timemap = loaded.timemap
         locate = timemap.locate
         retired = timemap.retired
-        horizon = self._horizon()
+        horizon = self._horizon(loaded)
         open_period = timemap.open_period
         open_name = open_period.name if open_period is not None else None
         batches: dict[str, tuple[list[int], list[dict[str, Any]]]] = {}
@@ -273,7 +292,7 @@ class FeedRouter:
             failed.update(self._insert(self._clusters[name], idx, docs))
         else:
             futures = [
-                self._clusters.submit(self._insert, self._clusters[n], idx, docs)
+                self._clusters.submit(n, self._insert, self._clusters[n], idx, docs)
                 for n, (idx, docs) in prepared.batches.items()
             ]
             for f in futures:
@@ -290,21 +309,27 @@ class FeedRouter:
     def _write_after_refresh(self, seq: Sequence[FeedItem], i: int, *, indexed: bool, refreshed: bool) -> list[ObjectId]:
         """Item *i* lies past the map's horizon: refresh once and route again, or raise StaleMetadata."""
         item = seq[i]
-        where = f"items[{i}].event_time" if indexed else "event_time"
         if not refreshed:
+            where = f"items[{i}].event_time" if indexed else "event_time"
             log.info("%s %s is past the time map's horizon; refreshing before writing", where, item.event_time.isoformat())
             try:
                 self.refresh()
             except RouterError as exc:
                 raise StaleMetadata(
                     f"{where}: {item.event_time.isoformat()} is past what the time map loaded at "
-                    f"{self._refreshed_at.isoformat()} can vouch for, and the refresh failed: {exc}"
+                    f"{self._loaded.at.isoformat()} can vouch for, and the refresh failed: {exc}"
                 ) from exc
             return self._write(seq, indexed=indexed, refreshed=True)
+        raise self._stale(seq, i, indexed=indexed)
+
+    def _stale(self, seq: Sequence[FeedItem], i: int, *, indexed: bool) -> StaleMetadata:
+        where = f"items[{i}].event_time" if indexed else "event_time"
+        loaded = self._loaded
         lead = self.config.rollover.lead_time if self.config.rollover else None
-        raise StaleMetadata(
-            f"{where}: {item.event_time.isoformat()} is at or past {datetime.fromtimestamp(self._horizon(), UTC).isoformat()}, "
-            f"the time map's horizon (loaded {self._refreshed_at.isoformat()}, plus lead time {lead}); "
+        return StaleMetadata(
+            f"{where}: {seq[i].event_time.isoformat()} is at or past "
+            f"{datetime.fromtimestamp(self._horizon(loaded), UTC).isoformat()}, the time map's horizon "
+            f"(loaded {loaded.at.isoformat()}, plus lead time {lead}); "
             "a period starting before it may not be announced yet, so the router does not guess"
         )
 
@@ -480,7 +505,7 @@ class FeedRouter:
                 owed.append((name, more))
         main, done = state.position, state.done
         if not done:
-            names = self._timemap.clusters_for_read(
+            names = self._loaded.timemap.clusters_for_read(
                 now=self._clock(),
                 window=self.config.read_window,
                 before=main.event_time if main is not None else None,

@@ -127,14 +127,18 @@ def test_scheduler_rolls_over_while_two_routers_write(env3: Env) -> None:
         straddling = [B - timedelta(hours=1), B - timedelta(milliseconds=1), B, B + timedelta(hours=1)]
         fresh.write_many([item(t, i, sender=1) for i, t in enumerate(straddling)])
 
-        # The stale router's one refresh attempt fails while cluster_1 is hung: it must not guess.
-        env3.local.servers[0].pause()
+        # The stale router's one refresh attempt cannot see cluster_2, the period being closed (hung):
+        # its last known period is open-ended and overlaps cluster_3's new one, so the map is refused
+        # and the router must not guess.
+        env3.local.servers[1].pause()
         try:
             with pytest.raises(StaleMetadata, match=r"items\[0\].event_time: 2024-04-30T23:00:00\+00:00 is past what the time map"):
                 stale.write_many([item(t, 100 + i, sender=2) for i, t in enumerate(straddling)])
-            stale.write(item(T0 + timedelta(days=1), 200, sender=2))  # well inside what it knows: fine
+            with pytest.raises(StaleMetadata):
+                stale.prepare([item(B, 150, sender=2)])  # prepare does no I/O: it says so, never guesses
         finally:
-            env3.local.servers[0].resume()
+            env3.local.servers[1].resume()
+        stale.write(item(T0 + timedelta(days=1), 200, sender=2))  # well inside what it knew: fine
         stale.write_many([item(t, 300 + i, sender=2) for i, t in enumerate(straddling)])  # refresh works now
 
         c2, c3 = env3.feed("cluster_2"), env3.feed("cluster_3")
@@ -240,3 +244,16 @@ def test_retired_cluster_skipped_by_reads_covered_by_deletes(env3: Env) -> None:
             router.write(item(P0 + timedelta(days=2), 9, sender=1))
         assert router.delete(key) == 2
         assert env3.feed("cluster_1") == [] and env3.feed("cluster_2") == []
+
+
+def test_refresh_keeps_going_when_an_unrelated_cluster_is_down(env3: Env) -> None:
+    """cluster_1 (a closed period) dies; refreshes keep its last known period, so writes past the old horizon go on."""
+    clock = Clock(T0)
+    with FeedRouter(env3.config, clock=clock, refresh=False) as router:
+        env3.local.servers[0].kill()
+        clock.now = T0 + LEAD + timedelta(days=1)  # past the horizon of the map loaded at T0
+        router.write(item(clock.now, 1, sender=1))  # refresh (cluster_1 unreachable) still succeeds
+        assert router.refreshed_at == clock.now
+        assert router.timemap.all_clusters() == ["cluster_1", "cluster_2"]
+        assert [d["data"]["n"] for d in env3.feed("cluster_2")] == [1]
+        env3.local.servers[0].restart()
