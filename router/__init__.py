@@ -15,23 +15,44 @@ import logging
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .cursor import Position
 from .errors import (
+    ClusterRetired,
     ClusterUnavailable,
     ConfigError,
     ConfigProblem,
     DeleteFailed,
+    FanOutConflict,
+    FanOutFailed,
     InvalidCursor,
     InvalidItem,
     MetadataError,
+    MigrationError,
     NoClusterForTime,
+    PeriodChangeRefused,
+    RolloverError,
     RouterError,
+    StaleMetadata,
     WriteFailed,
 )
-from .ids import data_key, object_id_for
+from .fanout import Activity, FanOutExecutor, FanOutHandle, FanOutProgress, FanOutResult
+from .ids import copy_id, data_key, object_id_for
 from .model import ClusterMeta, FeedItem, Page
 from .router import FeedRouter
 from .timemap import ReadWindow, TimeMap
 
 __all__ = [
+    "Activity",
+    "ClusterRetired",
+    "FanOutConflict",
+    "FanOutExecutor",
+    "FanOutFailed",
+    "FanOutHandle",
+    "FanOutProgress",
+    "FanOutResult",
+    "MigrationError",
+    "PeriodChangeRefused",
+    "RolloverError",
+    "StaleMetadata",
+    "copy_id",
     "ClusterConfig",
     "ClusterMeta",
     "ClusterUnavailable",

@@ -18,14 +18,22 @@ from typing import Any, TypeVar
 import attrs
 from pymongo import MongoClient
 from pymongo.collection import Collection
-from pymongo.errors import ConfigurationError, PyMongoError
+from bson import ObjectId
+from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
 from .config import ClusterConfig, RouterConfig, redact_uri, uri_password
 from .errors import ClusterUnavailable, InvalidItem, MetadataError
 from .model import ClusterMeta
 from .timemap import TimeMap
 
-__all__ = ["Cluster", "Clusters", "Capabilities", "driver_error"]
+__all__ = ["Cluster", "Clusters", "Capabilities", "driver_error", "DUPLICATE_KEY", "TRANSIENT_WRITE_CODES"]
+
+#: FerretDB (SQLite backend) error text for a statement with more than 32,766 parameters.
+_TOO_MANY_VARIABLES = "too many SQL variables"
+#: The server's duplicate key error code.
+DUPLICATE_KEY = 11000
+#: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
+TRANSIENT_WRITE_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -120,6 +128,44 @@ class Cluster:
             server="ferretdb" if ferret else "mongodb",
             version=str(info.get("ferretdbVersion") if ferret else info.get("version")),
         )
+
+    def delete_copies(self, data_key: str) -> int:
+        """Delete every feed document with *data_key*; return how many.
+
+        FerretDB's SQLite backend refuses a delete matching more than 32,766 documents
+        ("too many SQL variables"). On that error only, the copies are deleted in
+        ``_id`` ranges, each range halved until it fits. MongoDB never takes this path.
+        """
+        try:
+            return int(self.feed.delete_many({"data_key": data_key}).deleted_count)
+        except OperationFailure as exc:
+            if _TOO_MANY_VARIABLES not in str(exc):
+                raise self.error(exc, doing="delete_many") from exc
+        except PyMongoError as exc:
+            raise self.error(exc, doing="delete_many") from exc
+        log.info("cluster %s: too many copies of %s for one delete on this server; deleting in _id ranges", self.name, data_key)
+
+        def bound(sort: int) -> int | None:
+            doc = self.call("finding copies", lambda: self.feed.find_one({"data_key": data_key}, sort=[("_id", sort)], projection={"_id": 1}))
+            return None if doc is None else int.from_bytes(doc["_id"].binary, "big")
+
+        low, high = bound(1), bound(-1)
+        if low is None or high is None:
+            return 0
+        deleted, ranges = 0, [(low, high)]
+        while ranges:
+            lo, hi = ranges.pop()
+            query = {"data_key": data_key, "_id": {"$gte": ObjectId(lo.to_bytes(12, "big")), "$lte": ObjectId(hi.to_bytes(12, "big"))}}
+            try:
+                deleted += int(self.feed.delete_many(query).deleted_count)
+            except OperationFailure as exc:
+                if _TOO_MANY_VARIABLES not in str(exc) or lo >= hi:
+                    raise self.error(exc, doing="delete_many by _id range") from exc
+                mid = (lo + hi) // 2
+                ranges += [(lo, mid), (mid + 1, hi)]
+            except PyMongoError as exc:
+                raise self.error(exc, doing="delete_many by _id range") from exc
+        return deleted
 
     def metadata_documents(self) -> list[dict[str, Any]]:
         """Every document in this cluster's metadata collection (a valid cluster has one)."""

@@ -26,6 +26,8 @@ __all__ = [
     "ClusterRetired",
     "StaleMetadata",
     "RolloverError",
+    "FanOutFailed",
+    "FanOutConflict",
 ]
 
 
@@ -174,3 +176,41 @@ class PeriodChangeRefused(RouterError):
 
 class RolloverError(RouterError):
     """Raised when a rollover cannot be done: no ready standby, too late for the boundary, lease lost."""
+
+
+class FanOutFailed(RouterError):
+    """Raised when a fan-out ends with receivers that have no confirmed copy, or stops early.
+
+    ``result`` is the :class:`~router.fanout.FanOutResult`: its counts,
+    ``failed_receivers`` (the first :data:`~router.fanout.MAX_FAILED_RECEIVERS`),
+    ``errors``, ``complete`` (False when the job stopped before reading every receiver)
+    and ``cancelled``. Every copy written stays; run the fan-out again with the same
+    ``job_id`` to complete it.
+    """
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        if result.cancelled:
+            what = "was cancelled"
+        elif not result.complete:
+            what = "stopped early"
+        else:
+            what = "finished with failures"
+        first = f"; first error: {result.errors[0]}" if result.errors else ""
+        super().__init__(
+            f"fan-out {result.job_id!r} to cluster {result.cluster!r} {what}: {result.failed} receivers failed, "
+            f"{result.written} written, {result.already_present} already present, {result.skipped} skipped, "
+            f"{result.resumed} in batches done earlier{first}; run it again with job_id={result.job_id!r} to complete it"
+        )
+
+
+class FanOutConflict(RouterError, ValueError):
+    """Raised when a job id's checkpoint belongs to another fan-out, or was cut into other batches.
+
+    Resuming needs the same activity (``data_key`` and ``event_time``) and the same
+    ``batch_size`` as the run that made the checkpoint; ``job_id`` names the job.
+    """
+
+    def __init__(self, job_id: str, message: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"fan-out job {job_id!r}: {message}")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import attrs
 from bson import ObjectId
@@ -36,9 +36,11 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from .clusters import Cluster, Clusters
+from .clusters import DUPLICATE_KEY, TRANSIENT_WRITE_CODES, Cluster, Clusters
 from .config import RouterConfig, load_config
 from .cursor import CursorState, Position, decode_state, encode_state
+from .fanout import Active, Activity, FanOutExecutor, FanOutHandle, FanOutResult
+from .fanout import fan_out as _fan_out
 from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, RouterError, StaleMetadata, WriteFailed
 from .ids import make_ids
 from .model import FeedItem, Page, check_item, is_id, is_text
@@ -50,9 +52,8 @@ log = logging.getLogger(__name__)
 UTC = timezone.utc
 #: The largest page a single read returns.
 MAX_PAGE = 1000
-_DUPLICATE_KEY = 11000
-#: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
-_TRANSIENT_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
+_DUPLICATE_KEY = DUPLICATE_KEY
+_TRANSIENT_CODES = TRANSIENT_WRITE_CODES
 _SORT = [("event_time", -1), ("_id", -1)]
 
 
@@ -124,6 +125,8 @@ class FeedRouter:
             self._clusters.close()
             raise
         log.info("time map loaded from %d clusters:\n%s", len(self._clusters), self._loaded.timemap.describe())
+        #: Background fan-outs: a bounded pool of jobs (see :mod:`router.fanout`); closed by :meth:`close`.
+        self.fanouts = FanOutExecutor(self._clusters, lambda: self._loaded.timemap)
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
         if refresh:
@@ -437,6 +440,66 @@ class FeedRouter:
                 same.add(p)
         return same
 
+    # -- fan-out ------------------------------------------------------------------------
+
+    @overload
+    def fan_out(
+        self, activity: Activity, receivers: Iterable[int | str], *, background: Literal[False] = ...,
+        active: Active | None = ..., batch_size: int | None = ..., concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> FanOutResult: ...
+
+    @overload
+    def fan_out(
+        self, activity: Activity, receivers: Iterable[int | str], *, background: Literal[True],
+        active: Active | None = ..., batch_size: int | None = ..., concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> FanOutHandle: ...
+
+    def fan_out(
+        self, activity: Activity, receivers: Iterable[int | str], *, background: bool = False,
+        active: Active | None = None, batch_size: int | None = None, concurrency: int | None = None,
+        job_id: str | None = None,
+    ) -> FanOutResult | FanOutHandle:
+        """Write one copy of *activity* per receiver into the cluster owning its ``event_time``.
+
+        Example::
+
+            result = router.fan_out(activity, followers(author), active=active_ids)
+            handle = router.fan_out(activity, followers(author), background=True)
+
+        Streaming, bounded, idempotent and resumable (see :mod:`router.fanout`).
+        ``background=True`` returns a :class:`FanOutHandle` at once; otherwise it blocks
+        and returns a :class:`FanOutResult`. Raises :class:`InvalidItem`,
+        :class:`NoClusterForTime` or :class:`StaleMetadata` before writing anything, and
+        :class:`FanOutFailed` (with ``.result``) if receivers are left without a copy.
+        """
+        self._check_horizon(activity)
+        if background:
+            return self.fanouts.submit(
+                activity, receivers, active=active, batch_size=batch_size, concurrency=concurrency, job_id=job_id
+            )
+        return _fan_out(
+            self._clusters, self._loaded.timemap, activity, receivers, active=active,
+            batch_size=batch_size, concurrency=concurrency, job_id=job_id,
+        )
+
+    def _check_horizon(self, activity: Activity) -> None:
+        """The write path's staleness rule for one activity: refresh once, else StaleMetadata."""
+        probe = [activity.for_receiver(0)]
+        try:
+            self._prepare(probe, indexed=False)
+        except _PastHorizon:
+            try:
+                self.refresh()
+            except RouterError as exc:
+                raise StaleMetadata(
+                    f"event_time: {activity.event_time.isoformat()} is past what the time map loaded at "
+                    f"{self._loaded.at.isoformat()} can vouch for, and the refresh failed: {exc}"
+                ) from exc
+            try:
+                self._prepare(probe, indexed=False)
+            except _PastHorizon:
+                raise self._stale(probe, 0, indexed=False) from None
+
     # -- reads --------------------------------------------------------------------------
 
     def read(
@@ -542,10 +605,7 @@ class FeedRouter:
         if not is_text(data_key):
             raise InvalidItem("data_key", f"must be a non-empty UTF-8 str (got {data_key!r:.80})")
 
-        def remove(cluster: Cluster) -> int:
-            return cluster.call("delete_many", lambda: cluster.feed.delete_many({"data_key": data_key}).deleted_count)
-
-        results = self._clusters.each(remove)
+        results = self._clusters.each(lambda cluster: cluster.delete_copies(data_key))
         deleted = sum(r for r in results.values() if isinstance(r, int))
         failed = {n: r for n, r in results.items() if isinstance(r, ClusterUnavailable)}
         if failed:
@@ -555,7 +615,8 @@ class FeedRouter:
     # -- lifecycle ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the refresh thread, close every client and worker thread."""
+        """Stop the refresh thread and background fan-outs (resumable), close every client and worker thread."""
+        self.fanouts.close(drain=False)  # running jobs stop between batches; their checkpoints stay resumable
         self.stop_refresh()
         self._clusters.close()
 
