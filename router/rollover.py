@@ -138,23 +138,39 @@ def plan_rollover(
 ) -> RolloverPlan:
     """Work out the next rollover (or the one at *at*) and check it can be done now.
 
-    Raises :class:`RolloverError` when there is no open-ended period, when *at* is
-    not after it or less than ``lead_time`` away, or when no standby is ready.
+    When the latest period is closed and nothing follows it, a rollover was
+    interrupted between closing it and opening the next: the plan finishes that
+    one, at the closed period's end, whatever the time (routers already refuse
+    writes in the gap). Raises :class:`RolloverError` when there is no period, when
+    *at* is not after the open period's start or less than ``lead_time`` away, or
+    when no standby is ready.
     """
     settings = _settings(config)
     migrations = discover() if migrations is None else migrations
     timemap = clusters.load_timemap()
     current = timemap.open_period
+    finishing = current is None
     if current is None:
-        raise RolloverError("no open-ended period to roll over: the latest period has an end_date")
-    boundary = at if at is not None else upcoming_boundary(current.start_date, now=now, settings=settings)
-    if boundary <= current.start_date:
-        raise RolloverError(
-            f"boundary {boundary.isoformat()} is not after the start of the open period of "
-            f"{current.name!r} ({current.start_date.isoformat()})"
-        )
+        if not timemap.periods:
+            raise RolloverError("no period at all: give the first cluster its period with add-cluster")
+        current = timemap.periods[-1]
+        assert current.end_date is not None
+        boundary = current.end_date
+        if at is not None and at != boundary:
+            raise RolloverError(
+                f"the rollover at {boundary.isoformat()} was interrupted ({current.name!r} is closed, nothing "
+                "follows it): finish it first (rollover without --at)"
+            )
+        log.warning("finishing the interrupted rollover at %s", boundary.isoformat())
+    else:
+        boundary = at if at is not None else upcoming_boundary(current.start_date, now=now, settings=settings)
+        if boundary <= current.start_date:
+            raise RolloverError(
+                f"boundary {boundary.isoformat()} is not after the start of the open period of "
+                f"{current.name!r} ({current.start_date.isoformat()})"
+            )
     due = boundary - settings.lead_time
-    if now > due:
+    if now > due and not finishing:
         raise RolloverError(
             f"too late to roll over at {boundary.isoformat()}: it must happen at least {settings.lead_time} "
             f"before (by {due.isoformat()}), so every router knows the boundary in advance"
@@ -166,7 +182,9 @@ def plan_rollover(
             + "; ".join(reasons)
         )
     try:
-        change = plan_period(clusters, name=standby, start=boundary, close_previous=True, creator="rollover", now=now)
+        change = plan_period(
+            clusters, name=standby, start=boundary, close_previous=not finishing, creator="rollover", now=now
+        )
     except PeriodChangeRefused as exc:
         raise RolloverError(f"rollover at {boundary.isoformat()} refused: " + "; ".join(exc.problems)) from exc
     return RolloverPlan(boundary=boundary, due=due, previous=current.name, standby=standby, change=change)
@@ -261,8 +279,10 @@ class RolloverScheduler:
         try:
             timemap = self.clusters.load_timemap()
             current = timemap.open_period
-            if current is None:
-                raise RolloverError("no open-ended period: nothing to roll over")
+            if current is None:  # an interrupted rollover: finish it now
+                lines = do_rollover(self.clusters, self.config, now=now, owner=self.owner, migrations=self.migrations)
+                self.last_error = None
+                return lines
             boundary = upcoming_boundary(current.start_date, now=now, settings=settings)
             standby, reasons = ready_standby(self.clusters, self.config, self.migrations)
             if standby is None:
