@@ -84,10 +84,11 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="start three local clusters, write and read a feed across them, stop them",
-        description="Start three local MongoDB-wire servers (mongod if on PATH, else FerretDB), add them as "
-        "three consecutive periods, write fanned-out feed items (some late), page a feed newest first "
-        "across the boundaries, delete one item everywhere, check every claim, and stop the servers.",
+        help="start four local clusters, write, read, delete and roll over feeds across them, stop them",
+        description="Start four local MongoDB-wire servers (mongod if on PATH, else FerretDB), add three as "
+        "consecutive periods, write fanned-out feed items (some late), page a feed newest first across the "
+        "boundaries, delete one item everywhere, let the rollover scheduler hand the next period to the fourth "
+        "(standby) cluster, check every claim with plain pymongo, and stop the servers.",
     )
     demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
     demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb"], default=None,
@@ -135,6 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--close-previous", action="store_true",
                      help="end the current open-ended period at --start (refused if it holds later documents)")
     add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    add.add_argument("--force", action="store_true",
+                     help="allow --close-previous with a start less than refresh_interval away (no router may be running)")
     add.add_argument("--migrations", type=Path, default=None, help="migrations folder (default: the repo's migrations/)")
     rollover = sub.add_parser(
         "rollover",
@@ -235,9 +238,8 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
     rows: list[dict[str, Any]] = []
     with Clusters(config) as clusters:
         progress = _Progress(len(clusters))
-        results = clusters.each(lambda c: _cluster_status(c, config))
+        results = clusters.each(lambda c: _cluster_status(c, config), on_done=progress.step)
         for name, result in results.items():
-            progress.step(name)
             row: dict[str, Any] = {"cluster": name, "uri": clusters[name].spec.display_uri}
             if isinstance(result, ClusterUnavailable):
                 row.update(reachable=False, error=str(result), period=None)
@@ -312,9 +314,10 @@ def _cmd_migrate(args: argparse.Namespace, config: RouterConfig) -> int:
 def _cmd_add_cluster(args: argparse.Namespace, config: RouterConfig) -> int:
     migrations = discover(args.migrations)
     with Clusters(config) as clusters:
+        notice = None if args.force else config.refresh_interval
         change = plan_period(
             clusters, name=args.name, start=args.start, end=args.end, creator=args.creator,
-            close_previous=args.close_previous,
+            close_previous=args.close_previous, min_notice=notice,
         )
         plan = change.describe()
         done = apply_period(clusters, change, migrations=migrations, dry_run=args.dry_run)

@@ -225,13 +225,25 @@ class Clusters:
         """The cluster names in configuration order."""
         return list(self._by_name)
 
-    def each(self, fn: Callable[[Cluster], T], names: Sequence[str] | None = None) -> dict[str, T | ClusterUnavailable]:
+    def each(
+        self, fn: Callable[[Cluster], T], names: Sequence[str] | None = None, *, on_done: Callable[[str], None] | None = None
+    ) -> dict[str, T | ClusterUnavailable]:
         """Run *fn* on each named cluster concurrently; a failure is returned, not raised.
+
+        *on_done* is called with each cluster's name as its call finishes (progress).
 
         Errors other than :class:`ClusterUnavailable` propagate (they are bugs or bad input).
         """
         targets = [self._by_name[n] for n in (self._by_name if names is None else names)]
         futures = [self._pools[c.name].submit(fn, c) for c in targets]
+        if on_done is not None:
+            done = on_done
+            for cluster, future in zip(targets, futures):
+
+                def report(_future: Future[T], name: str = cluster.name) -> None:
+                    done(name)
+
+                future.add_done_callback(report)
         results: dict[str, T | ClusterUnavailable] = {}
         for cluster, future in zip(targets, futures):
             error = future.exception()

@@ -1,10 +1,11 @@
-"""The demo: three local clusters, three periods, a few thousand feed items, read back newest first.
+"""The demo: four local clusters, three periods and a rollover, a few thousand feed items read back newest first.
 
-Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own local
+Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own four local
 servers (mongod if on PATH, else FerretDB), adds the clusters one at a time the way
 an operator does (clusters.yaml grows, add-cluster gives each its period), writes fanned-out posts (including late events that belong
 to older periods), pages one receiver's feed across the period boundaries,
-deletes one post from every receiver's feed by ``data_key``, checks every claim
+deletes one post from every receiver's feed by ``data_key``, lets the rollover
+scheduler hand the next period to the standby fourth cluster, checks every claim
 with plain pymongo, and stops the servers.
 """
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -98,11 +98,14 @@ def plan_period(
     creator: str = "",
     close_previous: bool = False,
     now: datetime | None = None,
+    min_notice: timedelta | None = None,
 ) -> PeriodChange:
     """Check giving cluster *name* the period ``[start, end)``; raise :class:`PeriodChangeRefused` with every reason.
 
     With *close_previous*, an open-ended period that starts before *start* is closed
-    at *start*; without it, such an overlap is refused.
+    at *start*; without it, such an overlap is refused. With *min_notice*, closing a
+    period that has already started at a *start* less than that far from *now* is
+    refused: routers that have not refreshed yet may still write there.
     """
     problems: list[str] = []
     start = to_utc(start, field="start")
@@ -143,6 +146,12 @@ def plan_period(
             continue
         if other.end_date is None and other.start_date < start and close_previous:
             close = attrs.evolve(other, end_date=start)
+            if min_notice is not None and other.start_date <= now and start < now + min_notice:
+                problems.append(
+                    f"closing the live period of cluster {other.name!r} at {start.isoformat()} leaves running routers "
+                    f"less than {min_notice} to learn of it (they refresh every refresh_interval) and they may "
+                    "still write there; choose a later start, or pass --force when no router is running"
+                )
             count, latest = stored_outside(clusters, other.name, None, start)
             if count:
                 problems.append(

@@ -64,17 +64,17 @@ def test_operator_grows_the_system(tmp_path: Path, servers: LocalClusters, raw_c
     r = op.run("add-cluster", "cluster_2", "--start", P1.isoformat())
     assert r.returncode == 1
     assert "overlaps the open-ended period of cluster 'cluster_1'" in r.stderr and "--close-previous" in r.stderr
-    r = op.run("add-cluster", "cluster_2", "--start", P1.isoformat(), "--close-previous", "--dry-run")
+    r = op.run("add-cluster", "cluster_2", "--start", P1.isoformat(), "--close-previous", "--force", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "dry run, nothing changed" in r.stdout and "would close cluster 'cluster_1'" in r.stdout
     assert metadata(raw_clients, db_name) == before
-    r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous", "--creator", "ops")
+    r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous", "--force", "--creator", "ops")
     assert r.returncode == 0, r.stderr
-    again = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous")
+    again = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous", "--force")
     assert again.returncode == 0 and "nothing to change" in again.stdout
 
     op.list_clusters(3)
-    r = op.run("add-cluster", "cluster_3", "--start", "2024-07-01T00:00:00Z", "--close-previous")
+    r = op.run("add-cluster", "cluster_3", "--start", "2024-07-01T00:00:00Z", "--close-previous", "--force")
     assert r.returncode == 0, r.stderr
     assert "cluster_1        [2024-01-01T00:00:00Z, 2024-04-01T00:00:00Z)" in r.stdout
     assert "cluster_2        [2024-04-01T00:00:00Z, 2024-07-01T00:00:00Z)" in r.stdout
@@ -123,7 +123,7 @@ def test_refused_changes_leave_metadata_untouched(
         op = Operator(tmp_path, db_name, [*servers.uris, spare.uris[0]])
         for count, (name, start) in enumerate((("cluster_1", P0), ("cluster_2", P1), ("cluster_3", P2)), start=1):
             op.list_clusters(count)
-            assert op.run("add-cluster", name, "--start", start.isoformat(), "--close-previous").returncode == 0
+            assert op.run("add-cluster", name, "--start", start.isoformat(), "--close-previous", "--force").returncode == 0
         raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=45)})
         stray = MongoClient(spare.uris[0], tz_aware=True)
         stray[db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=100)})
@@ -170,7 +170,7 @@ def test_listed_clusters_without_period(tmp_path: Path, servers: LocalClusters, 
     assert r.returncode == 0, r.stderr
     assert "cluster_3        (listed in" in r.stdout
     raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2})
-    r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous")
+    r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous", "--force")
     assert r.returncode == 1
     assert "cluster 'cluster_3' has no metadata document but holds 1 documents: restore its metadata first" in r.stderr
 
@@ -188,7 +188,7 @@ def test_rollover_and_retire_through_the_cli(tmp_path: Path, servers: LocalClust
     op = Operator(tmp_path, db_name, servers.uris)
     op.list_clusters(2)
     assert op.run("add-cluster", "cluster_1", "--start", previous.isoformat()).returncode == 0
-    assert op.run("add-cluster", "cluster_2", "--start", month.isoformat(), "--close-previous").returncode == 0
+    assert op.run("add-cluster", "cluster_2", "--start", month.isoformat(), "--close-previous", "--force").returncode == 0
     op.list_clusters(3)
     with op.path.open("a") as f:
         f.write("rollover: {period: monthly, lead_time: 3d, standby: [cluster_3]}\n")
@@ -214,3 +214,21 @@ def test_rollover_and_retire_through_the_cli(tmp_path: Path, servers: LocalClust
     rows = {row["cluster"]: row for row in json.loads(op.run("--json", "status").stdout)}
     assert rows["cluster_1"]["retired"] is True and rows["cluster_2"]["retired"] is False
     assert " retired" in op.run("status").stdout
+
+
+def test_closing_a_live_period_needs_notice(tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
+    """Closing the running period sooner than routers refresh is refused unless --force; nothing changes."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    op = Operator(tmp_path, db_name, servers.uris)
+    op.list_clusters(1)
+    assert op.run("add-cluster", "cluster_1", "--start", (now - timedelta(days=30)).isoformat()).returncode == 0
+    op.list_clusters(2)
+    before = metadata(raw_clients, db_name)
+    soon = (now + timedelta(seconds=10)).isoformat()
+    r = op.run("add-cluster", "cluster_2", "--start", soon, "--close-previous")
+    assert r.returncode == 1 and "leaves running routers less than 0:01:00 to learn of it" in r.stderr
+    assert metadata(raw_clients, db_name) == before
+    later = (now + timedelta(hours=1)).isoformat()
+    assert op.run("add-cluster", "cluster_2", "--start", later, "--close-previous").returncode == 0
