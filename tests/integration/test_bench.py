@@ -16,7 +16,7 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
     results = run_bench(out, size="small", uris=servers.uris, results_dir=tmp_path)
     text = out.getvalue()
     names = {r.name for r in results}
-    assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "delete_ratio"} <= names
+    assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "delete_ratio", "fanout_ratio", "fanout_memory"} <= names
     assert "| measure | router | raw pymongo |" in text
     assert text.rstrip().splitlines()[-1].startswith(f"SUMMARY: {sum(r.passed for r in results)} of {len(results)} targets met")
     data = json.loads((tmp_path / "bench.json").read_text())
