@@ -176,13 +176,6 @@ class RouterConfig:
     rollover: RolloverConfig | None = None
     source: str = "<config>"
 
-    def cluster(self, name: str) -> ClusterConfig:
-        """The configured cluster called *name* (``KeyError`` if there is none)."""
-        for c in self.clusters:
-            if c.name == name:
-                return c
-        raise KeyError(name)
-
 
 class _Reader:
     """Walks a composed YAML node tree, converting values and collecting problems."""

@@ -88,7 +88,7 @@ class CursorState:
 
 
 _V2 = "c2."
-_POS = struct.Struct(">q12s")
+_POS = _LAYOUT
 
 
 def _pack_position(position: Position | None) -> bytes:

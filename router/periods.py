@@ -31,6 +31,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
+import pymongo
 from pymongo.errors import PyMongoError
 
 from .clusters import Clusters
@@ -43,6 +44,8 @@ __all__ = ["PeriodChange", "plan_period", "apply_period", "stored_outside", "ret
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
+#: Deadline for the stranded-data checks, which may scan a whole cluster.
+STRAND_CHECK_SECONDS = 600
 
 
 @attrs.frozen
@@ -79,11 +82,14 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
         outside.append({"event_time": {"$gte": end}})
     query: dict[str, Any] = {} if not outside else outside[0] if len(outside) == 1 else {"$or": outside}
     try:
-        count = feed.count_documents(query)
-        latest = None
-        if count:
-            doc = feed.find_one(query, sort=[("event_time", -1)], projection={"event_time": 1})
-            latest = doc["event_time"] if doc else None
+        # An admin check, run rarely, that may scan a whole cluster (no index starts with event_time,
+        # to keep every feed insert cheap): it gets its own long deadline instead of socketTimeoutMS.
+        with pymongo.timeout(STRAND_CHECK_SECONDS):
+            count = feed.count_documents(query)
+            latest = None
+            if count:
+                doc = feed.find_one(query, sort=[("event_time", -1)], projection={"event_time": 1})
+                latest = doc["event_time"] if doc else None
     except PyMongoError as exc:
         raise clusters[name].error(exc, doing="counting stored documents") from exc
     return count, latest

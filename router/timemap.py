@@ -134,10 +134,8 @@ class TimeMap:
 
         The write path's inner loop: check :attr:`retired` before writing.
         """
-        i = bisect_right(self._starts, ts) - 1
-        if i >= 0 and ts < self._ends[i]:
-            return self._names[i]
-        return None
+        found = self.locate(ts)
+        return found[0] if found is not None else None
 
     def locate(self, ts: float) -> tuple[str, float, float] | None:
         """Like :meth:`lookup`, with the owning period's bounds ``(name, start, end)`` in epoch seconds.
