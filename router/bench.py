@@ -62,7 +62,7 @@ class Sizes:
 
 
 SIZES = {
-    "full": Sizes(writes=30_000, cpu=100_000, reps=5, reads=200, deletes=300, fanout=1_000_000, memory=(100_000, 1_000_000)),
+    "full": Sizes(writes=30_000, cpu=100_000, reps=5, reads=50, deletes=300, fanout=1_000_000, memory=(100_000, 1_000_000)),
     "small": Sizes(writes=2_000, cpu=5_000, reps=3, reads=20, deletes=30, fanout=20_000, memory=(5_000, 20_000)),
 }
 
