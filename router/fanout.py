@@ -448,19 +448,23 @@ class _Job:
 
     # -- observing ----------------------------------------------------------------------
 
+    def _counts(self) -> dict[str, Any]:
+        """The counters both a progress snapshot and the result carry (call under ``_lock``)."""
+        end = self._finished if self._finished is not None else time.monotonic()
+        return {
+            "written": self._written,
+            "already_present": self._already,
+            "skipped": self._skipped,
+            "failed": self._failed,
+            "resumed": self._resumed,
+            "batches": self._batches,
+            "batches_resumed": self._batches_resumed,
+            "elapsed_seconds": end - self._started,
+        }
+
     def progress(self) -> FanOutProgress:
         with self._lock:
-            end = self._finished if self._finished is not None else time.monotonic()
-            return FanOutProgress(
-                written=self._written,
-                already_present=self._already,
-                skipped=self._skipped,
-                failed=self._failed,
-                resumed=self._resumed,
-                batches=self._batches,
-                batches_resumed=self._batches_resumed,
-                elapsed_seconds=end - self._started,
-            )
+            return FanOutProgress(**self._counts())
 
     def errors(self) -> tuple[RouterError, ...]:
         with self._lock:
@@ -569,18 +573,11 @@ class _Job:
             result = FanOutResult(
                 job_id=self.job_id,
                 cluster=self.cluster_name,
-                written=self._written,
-                already_present=self._already,
-                skipped=self._skipped,
-                failed=self._failed,
-                resumed=self._resumed,
                 failed_receivers=tuple(self._failed_receivers),
                 errors=tuple(self._errors),
-                batches=self._batches,
-                batches_resumed=self._batches_resumed,
-                elapsed_seconds=self._finished - self._started,
                 complete=complete,
                 cancelled=cancelled,
+                **self._counts(),
             )
         if raised is not None:
             log.error("fan-out %r stopped: %s: %s", self.job_id, type(raised).__name__, raised, exc_info=raised)

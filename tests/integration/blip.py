@@ -39,23 +39,21 @@ class BlipProxy:
         with self._lock:
             self._cut_reply[marker] = times
 
-    def _should_cut_reply(self, data: bytes) -> bool:
+    def _take(self, table: dict[bytes, int], data: bytes) -> bool:
+        """Use up one planned cut from *table* if *data* carries one of its markers."""
         with self._lock:
-            for marker, left in self._cut_reply.items():
+            for marker, left in table.items():
                 if left and marker in data:
-                    self._cut_reply[marker] = left - 1
+                    table[marker] = left - 1
                     self.cuts += 1
                     return True
         return False
 
     def _should_cut(self, data: bytes) -> bool:
-        with self._lock:
-            for marker, left in self._cut.items():
-                if left and marker in data:
-                    self._cut[marker] = left - 1
-                    self.cuts += 1
-                    return True
-        return False
+        return self._take(self._cut, data)
+
+    def _should_cut_reply(self, data: bytes) -> bool:
+        return self._take(self._cut_reply, data)
 
     def _accept(self) -> None:
         while not self._closed:
