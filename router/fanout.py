@@ -822,15 +822,7 @@ class _Job:
                 "status": status,
                 "done": self._done.to_document(),
                 "batches_done": len(self._done),
-                "counts": {
-                    "written": self._written,
-                    "already_present": self._already,
-                    "skipped": self._skipped,
-                    "failed": self._failed,
-                    "resumed": self._resumed,
-                    "batches": self._batches,
-                    "batches_resumed": self._batches_resumed,
-                },
+                "counts": {k: v for k, v in self._counts().items() if k != "elapsed_seconds"},
                 "error": error,
                 "updated_at": datetime.now(UTC),
             }
