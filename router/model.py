@@ -146,8 +146,6 @@ def is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value < _INT64[1]
 
 
-_is_id = is_id
-
 
 def _check_data(data: Mapping[str, Any], index: int | None) -> None:
     """Check ``data`` encodes as BSON within the size limit.
@@ -234,12 +232,12 @@ def _check_item_slowly(item: object, index: int | None) -> float:
     if type(item) is not FeedItem:
         raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
     ts = event_timestamp(item.event_time, index=index)
-    if not _is_id(item.receiver_id):
+    if not is_id(item.receiver_id):
         raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {item.receiver_id!r:.80})", index=index)
-    if not _is_id(item.sender_id):
+    if not is_id(item.sender_id):
         raise InvalidItem("sender_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {item.sender_id!r:.80})", index=index)
     t = item.type
-    if not _is_id(t):
+    if not is_id(t):
         raise InvalidItem("type", f"must be a 64-bit int or a non-empty UTF-8 str (got {t!r:.80})", index=index)
     dk = item.data_key
     if not is_text(dk):

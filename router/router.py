@@ -303,19 +303,20 @@ class FeedRouter:
         if not prepared.batches:
             return ids
         failed: dict[int, BaseException] = {}
+        outcomes: list[tuple[dict[int, BaseException], dict[int, ObjectId]]]
         if len(prepared.batches) == 1:
             ((name, (idx, docs)),) = prepared.batches.items()
-            failed.update(self._insert(self._clusters[name], idx, docs))
+            outcomes = [self._insert(self._clusters[name], idx, docs)]
         else:
             futures = [
                 self._clusters.submit(n, self._insert, self._clusters[n], idx, docs)
                 for n, (idx, docs) in prepared.batches.items()
             ]
-            for f in futures:
-                failed.update(f.result())
-        for _name, (idx, docs) in prepared.batches.items():  # ids replaced after a collision
-            for i, doc in zip(idx, docs):
-                ids[i] = doc["_id"]
+            outcomes = [f.result() for f in futures]
+        for cluster_failed, replaced in outcomes:
+            failed.update(cluster_failed)
+            for i, oid in replaced.items():  # new ids after a collision
+                ids[i] = oid
         if failed:
             err = WriteFailed(failed, ids)
             log.error("%s", err)
@@ -349,19 +350,25 @@ class FeedRouter:
             "a period starting before it may not be announced yet, so the router does not guess"
         )
 
-    def _insert(self, cluster: Cluster, indexes: list[int], documents: list[dict[str, Any]]) -> dict[int, BaseException]:
-        """Insert *documents* (the items at *indexes*) into *cluster* in batches; return the ones not written and why.
+    def _insert(
+        self, cluster: Cluster, indexes: list[int], documents: list[dict[str, Any]]
+    ) -> tuple[dict[int, BaseException], dict[int, ObjectId]]:
+        """Insert *documents* (the items at *indexes*) into *cluster* in batches.
 
-        A document whose ``_id`` had to be replaced (see :meth:`_insert_batch`) carries
-        its new ``_id``; the caller reads the ids back from the documents.
+        Returns the items not written and why, and the items whose ``_id`` had to be
+        replaced after a collision (see :meth:`_insert_batch`), with their new ``_id``.
         """
         failed: dict[int, BaseException] = {}
+        replaced: dict[int, ObjectId] = {}
         size = self.config.batch_size
         for start in range(0, len(indexes), size):
             chunk = indexes[start : start + size]
             docs = documents[start : start + size]
             try:
-                for position, reason in self._insert_batch(cluster, docs):
+                refused, renamed = self._insert_batch(cluster, docs)
+                for position in renamed:
+                    replaced[chunk[position]] = docs[position]["_id"]
+                for position, reason in refused:
                     failed[chunk[position]] = ClusterUnavailable(cluster.name, reason)
             except PyMongoError as exc:
                 # Outcome of this batch unknown, later batches not tried: none is reported as written.
@@ -370,10 +377,13 @@ class FeedRouter:
                 for i in indexes[start:]:
                     failed[i] = error
                 break
-        return failed
+        return failed, replaced
 
-    def _insert_batch(self, cluster: Cluster, docs: list[dict[str, Any]]) -> list[tuple[int, str]]:
-        """``insert_many`` one batch, retrying transient failures; return the refused documents and why.
+    def _insert_batch(self, cluster: Cluster, docs: list[dict[str, Any]]) -> tuple[list[tuple[int, str]], set[int]]:
+        """``insert_many`` one batch, retrying transient failures.
+
+        Returns the refused documents with the reason, and the positions of documents
+        that were given a fresh ``_id``.
 
         * A network error mid-batch, a primary step-down or an interrupted write is
           retried up to ``write.retries`` times with jittered exponential backoff.
@@ -391,6 +401,7 @@ class FeedRouter:
         attempts = self.config.write_retries + 1
         backoff = self.config.retry_backoff.total_seconds()
         refused: list[tuple[int, str]] = []
+        renamed: set[int] = set()
         attempt = 0
         sent_before = False  # has any send of this batch possibly reached the server?
         while pending:
@@ -398,13 +409,13 @@ class FeedRouter:
             again: list[int] = []  # collisions: new ids, resend at once
             try:
                 cluster.feed.insert_many([docs[p] for p in pending], ordered=False)
-                return refused
+                return refused, renamed
             except BulkWriteError as exc:
                 details = exc.details
                 if details.get("writeConcernErrors"):
                     wce = details["writeConcernErrors"][0]
                     reason = f"write concern not satisfied, outcome unknown: {str(wce.get('errmsg', ''))[:200]}"
-                    return refused + [(p, reason) for p in pending]
+                    return refused + [(p, reason) for p in pending], renamed
                 duplicates: list[int] = []
                 for werr in details.get("writeErrors", []):
                     position = pending[werr["index"]]
@@ -419,6 +430,7 @@ class FeedRouter:
                 for position in duplicates:
                     if position not in stored:
                         docs[position]["_id"] = _fresh_id(docs[position]["_id"])
+                        renamed.add(position)
                         again.append(position)
                 sent_before = True
             except (ServerSelectionTimeoutError, NetworkTimeout):
@@ -439,7 +451,7 @@ class FeedRouter:
                 time.sleep(delay)
             elif again:
                 log.debug("cluster %s: %d _id collisions; resending with fresh ids", cluster.name, len(again))
-        return refused
+        return refused, renamed
 
     @staticmethod
     def _stored_copies(cluster: Cluster, docs: list[dict[str, Any]], positions: list[int]) -> set[int]:
@@ -580,6 +592,7 @@ class FeedRouter:
             if more is not None:
                 owed.append((name, more))
         main, done = state.position, state.done
+        first_main = len(items)  # items from here on come from the main walk
         if not done:
             names = self._loaded.timemap.clusters_for_read(
                 now=self._clock(),
@@ -595,9 +608,8 @@ class FeedRouter:
                 if more is not None:
                     done = False
                     break
-            main_items = [it for it, src in zip(items, sources) if src not in {n for n, _ in state.pending}]
-            if main_items and not done:
-                last = main_items[-1]
+            if len(items) > first_main and not done:
+                last = items[-1]
                 assert last.id is not None
                 main = Position(last.event_time, last.id)
         next_state = CursorState(position=main, pending=tuple(owed), done=done)
