@@ -22,6 +22,7 @@ import base64
 import binascii
 import struct
 from datetime import datetime, timedelta, timezone
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -29,7 +30,9 @@ from bson import ObjectId
 
 from .errors import InvalidCursor
 
-__all__ = ["Position", "CursorState", "encode_cursor", "decode_cursor", "encode_state", "decode_state"]
+__all__ = [
+    "Position", "CursorState", "encode_cursor", "decode_cursor", "encode_state", "decode_state", "check_state",
+]
 
 _PREFIX = "c1."
 _LAYOUT = struct.Struct(">q12s")
@@ -144,3 +147,29 @@ def decode_state(cursor: str) -> CursorState:
     except (binascii.Error, struct.error, ValueError, OverflowError, UnicodeDecodeError) as exc:
         raise InvalidCursor(f"cursor: malformed ({exc}) (got {cursor!r:.60})") from None
     return CursorState(position=main, pending=tuple(pending), done=done)
+
+
+def check_state(state: CursorState, starts: Mapping[str, datetime]) -> CursorState:
+    """Return *state* if the router could have produced it for clusters whose periods start at *starts*.
+
+    The router only ever owes a configured cluster, each at most once, from a position
+    at or after that cluster's period start (an older position could not be owed by it),
+    and a finished walk with nothing owed yields no cursor at all. Anything else is a
+    forged or foreign cursor: :class:`InvalidCursor`, naming what is wrong.
+    """
+    seen: set[str] = set()
+    for name, position in state.pending:
+        if name in seen:
+            raise InvalidCursor(f"cursor: owes cluster {name!r} twice; not a cursor this router made")
+        seen.add(name)
+        start = starts.get(name)
+        if start is None:
+            raise InvalidCursor(f"cursor: owes cluster {name!r}, which has no period here; not a cursor this router made")
+        if position is not None and position.event_time < start:
+            raise InvalidCursor(
+                f"cursor: owes cluster {name!r} items before {position.event_time.isoformat()}, which precedes its "
+                f"period (from {start.isoformat()}); not a cursor this router made"
+            )
+    if state.done and not state.pending:
+        raise InvalidCursor("cursor: marks a finished walk that owes nothing; not a cursor this router made")
+    return state

@@ -128,7 +128,7 @@ from pymongo.errors import (
 from .clusters import DUPLICATE_KEY, TRANSIENT_WRITE_CODES, Cluster, Clusters
 from .errors import ClusterUnavailable, FanOutConflict, FanOutFailed, InvalidItem, RouterError
 from .ids import copy_ids
-from .model import FeedItem, check_item, to_utc
+from .model import ID_RULE, MAX_ID_CHARS, FeedItem, check_item, to_utc
 from .timemap import TimeMap
 
 __all__ = [
@@ -371,7 +371,7 @@ def _positive_int(name: str, value: object, *, maximum: int | None = None) -> in
 
 def _is_receiver(value: object) -> bool:
     if isinstance(value, str):
-        return value != ""
+        return 0 < len(value) <= MAX_ID_CHARS
     return isinstance(value, int) and not isinstance(value, bool) and _INT64_MIN <= value < _INT64_END
 
 
@@ -615,8 +615,8 @@ class _Job:
         skipped = 0
         for pos, r in enumerate(chunk, first):
             kind = type(r)
-            if not ((kind is int and _INT64_MIN <= r < _INT64_END) or (kind is str and r) or _is_receiver(r)):
-                invalid.append(InvalidItem(f"receivers[{pos}]", f"must be a 64-bit int or a non-empty str (got {r!r:.80})"))
+            if not ((kind is int and _INT64_MIN <= r < _INT64_END) or (kind is str and 0 < len(r) <= MAX_ID_CHARS) or _is_receiver(r)):
+                invalid.append(InvalidItem(f"receivers[{pos}]", f"{ID_RULE} (got {r!r:.80})"))
             elif is_active is not None and not is_active(r):
                 skipped += 1
             else:

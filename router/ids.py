@@ -28,7 +28,7 @@ import mmh3
 from bson import ObjectId
 
 from .errors import InvalidItem
-from .model import event_timestamp
+from .model import ID_RULE, MAX_ID_CHARS, TEXT_RULE, event_timestamp
 
 __all__ = ["object_id_for", "make_ids", "data_key", "murmur3_hex", "event_seconds"]
 
@@ -173,14 +173,14 @@ def copy_id(seconds: int, data_key: str, receiver_id: int | str) -> ObjectId:
     """
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds < 2**32:
         raise InvalidItem("seconds", f"must be an int in [0, 2**32), an ObjectId timestamp (got {seconds!r})")
-    if not isinstance(data_key, str) or not data_key:
-        raise InvalidItem("data_key", f"must be a non-empty str (got {data_key!r})")
+    if not isinstance(data_key, str) or not 0 < len(data_key) <= MAX_ID_CHARS:
+        raise InvalidItem("data_key", f"{TEXT_RULE} (got {data_key!r:.80})")
     if isinstance(receiver_id, str):
-        ok = receiver_id != ""
+        ok = 0 < len(receiver_id) <= MAX_ID_CHARS
     else:
         ok = isinstance(receiver_id, int) and not isinstance(receiver_id, bool) and -(2**63) <= receiver_id < 2**63
     if not ok:
-        raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty str (got {receiver_id!r:.80})")
+        raise InvalidItem("receiver_id", f"{ID_RULE} (got {receiver_id!r:.80})")
     try:
         key = copy_key(data_key, receiver_id)
     except UnicodeEncodeError as exc:

@@ -23,18 +23,30 @@ from bson.errors import InvalidDocument
 
 from .errors import InvalidItem
 
-__all__ = ["FeedItem", "ClusterMeta", "Page", "FEED_FIELDS", "to_utc", "event_timestamp", "check_item"]
+__all__ = [
+    "FeedItem", "ClusterMeta", "Page", "FEED_FIELDS", "to_utc", "event_timestamp", "check_item", "key_problem",
+    "MAX_ID_CHARS", "MAX_DATA_BYTES", "MAX_DATA_DEPTH",
+]
 
 UTC = timezone.utc
 #: The fields of a stored feed document, in storage order.
 FEED_FIELDS = ("_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data")
 #: An ObjectId's timestamp is 4 unsigned bytes of UTC seconds.
 MAX_OBJECTID_SECONDS = 2**32
-#: The most ``data`` may take as BSON: the server's 16 MiB document limit less room for the other fields.
-MAX_DATA_BYTES = 16 * 1024 * 1024 - 16 * 1024
+#: The longest str accepted for ``receiver_id``, ``sender_id``, ``type`` and ``data_key`` (characters).
+MAX_ID_CHARS = 1024
+#: The most ``data`` may take as BSON: MongoDB's 16 MiB document limit less room for the other
+#: fields, which :data:`MAX_ID_CHARS` bounds to well under 64 KiB together.
+MAX_DATA_BYTES = 16 * 1024 * 1024 - 64 * 1024
+#: How deep ``data`` may nest (mappings and lists); MongoDB refuses documents nested past 100 levels.
+MAX_DATA_DEPTH = 64
 _INT64 = (-(2**63), 2**63)
 _LONG_STR = 64 * 1024
 _FLAT_KEYS = 64
+#: ``data`` keys already found valid: the usual payload repeats a handful of keys, and a set
+#: lookup is cheaper than the three checks. Bounded; cleared when full.
+_GOOD_KEYS: set[str] = set()
+_GOOD_KEYS_MAX = 4096
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -96,14 +108,23 @@ def to_utc(value: object, *, field: str = "event_time", index: int | None = None
     to one service and UTC to another.
     """
     if not isinstance(value, datetime):
-        raise InvalidItem(field, f"must be a timezone-aware datetime (got {value!r})", index=index)
-    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidItem(field, f"must be a timezone-aware datetime (got {value!r:.80})", index=index)
+    try:
+        offset = value.utcoffset()
+    except Exception as exc:  # a tzinfo may raise anything, or return an offset of a day or more
+        raise InvalidItem(
+            field, f"its tzinfo {value.tzinfo!r:.60} gives no valid UTC offset ({type(exc).__name__}: {exc})", index=index
+        ) from None
+    if offset is None:
         raise InvalidItem(
             field,
             f"must be timezone-aware, e.g. datetime(..., tzinfo=timezone.utc) (got naive {value.isoformat()})",
             index=index,
         )
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidItem(field, f"is outside the range of a UTC datetime ({exc}) (got {value!r:.80})", index=index) from None
 
 
 def event_timestamp(value: object, *, field: str = "event_time", index: int | None = None) -> float:
@@ -127,8 +148,8 @@ def event_timestamp(value: object, *, field: str = "event_time", index: int | No
 
 
 def is_text(value: object) -> bool:
-    """A non-empty str that UTF-8 can encode (no lone surrogates)."""
-    if not isinstance(value, str) or value == "":
+    """A non-empty str of at most :data:`MAX_ID_CHARS` characters that UTF-8 can encode (no lone surrogates)."""
+    if not isinstance(value, str) or value == "" or len(value) > MAX_ID_CHARS:
         return False
     if value.isascii():
         return True
@@ -140,28 +161,74 @@ def is_text(value: object) -> bool:
 
 
 def is_id(value: object) -> bool:
-    """A receiver, sender or type value BSON can store: a 64-bit int or a non-empty UTF-8 str (not a bool)."""
+    """A receiver, sender or type value BSON can store: a 64-bit int or a :func:`is_text` str (not a bool)."""
     if isinstance(value, str):
         return is_text(value)
     return isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value < _INT64[1]
 
 
+ID_RULE = f"must be a 64-bit int or a non-empty UTF-8 str of at most {MAX_ID_CHARS} characters"
+TEXT_RULE = f"must be a non-empty UTF-8 str of at most {MAX_ID_CHARS} characters"
+
+
+def key_problem(key: object) -> str | None:
+    """Why *key* cannot be a key in ``data`` (at any depth), or ``None`` when it can.
+
+    The rule, the same for every server: a str that does not start with ``$`` and holds
+    no ``.`` and no NUL character. MongoDB and FerretDB treat such keys as operators or
+    paths, or refuse them.
+    """
+    if type(key) is not str:
+        return f"keys must be str (got key {key!r:.80})"
+    if key.startswith("$"):
+        return f"a key must not start with '$' (got {key!r:.80})"
+    if "." in key:
+        return f"a key must not contain '.' (got {key!r:.80})"
+    if "\x00" in key:
+        return f"a key must not contain NUL (got {key!r:.80})"
+    return None
+
+
+def _walk_data(data: Mapping[str, Any], index: int | None) -> None:
+    """Check every key of *data* at every depth against :func:`key_problem`, and the depth.
+
+    Iterative, so a deep or self-referencing value is refused by its depth instead of
+    exhausting the interpreter's recursion limit.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, "data", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DATA_DEPTH:
+            shown = path if len(path) <= 120 else path[:117] + "..."
+            raise InvalidItem(shown, f"nests deeper than {MAX_DATA_DEPTH} levels (or contains itself)", index=index)
+        if isinstance(value, Mapping):
+            for key, sub in value.items():
+                problem = key_problem(key)
+                if problem is not None:
+                    where = f"{path}.{key:.80}" if type(key) is str else path
+                    raise InvalidItem(where, problem, index=index)
+                if isinstance(sub, (Mapping, list, tuple)):
+                    stack.append((sub, f"{path}.{key}", depth + 1))
+        else:
+            for i, sub in enumerate(value):
+                if isinstance(sub, (Mapping, list, tuple)):
+                    stack.append((sub, f"{path}[{i}]", depth + 1))
+
 
 def _check_data(data: Mapping[str, Any], index: int | None) -> None:
-    """Check ``data`` encodes as BSON within the size limit.
+    """Check ``data`` follows the key rule, nests at most :data:`MAX_DATA_DEPTH` deep and
+    encodes as BSON within :data:`MAX_DATA_BYTES`.
 
     Flat mappings of small scalars (the usual case) are checked in place; anything
-    else is encoded once, so a bad nested value fails here instead of in the middle
-    of a multi-cluster write.
+    else is walked and then encoded once, so a bad value fails here instead of in the
+    middle of a multi-cluster write.
     """
-    for key in data:
-        if type(key) is not str:
-            raise InvalidItem("data", f"keys must be str (got key {key!r})", index=index)
+    _walk_data(data, index)
     simple = len(data) <= _FLAT_KEYS  # many keys: let the encoder measure the size
     if simple:
         for key, value in data.items():
             kind = type(value)
-            if "\x00" in key or not key.isascii():
+            if not key.isascii():
                 simple = False
             elif kind is int:
                 simple = _INT64[0] <= value < _INT64[1]
@@ -175,7 +242,7 @@ def _check_data(data: Mapping[str, Any], index: int | None) -> None:
         return
     try:
         size = len(bson.encode(data))
-    except (InvalidDocument, OverflowError, TypeError, ValueError) as exc:
+    except (InvalidDocument, OverflowError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidItem("data", f"cannot be stored as BSON: {exc}", index=index) from None
     if size > MAX_DATA_BYTES:
         raise InvalidItem("data", f"must encode to at most {MAX_DATA_BYTES} bytes of BSON (got {size})", index=index)
@@ -187,12 +254,14 @@ _MIN64, _MAX64 = _INT64
 def check_item(item: object, index: int | None = None) -> float:
     """Check *item* can be stored; return its ``event_time`` as UTC epoch seconds.
 
-    ``event_time`` follows :func:`event_timestamp`'s rule. Raises :class:`InvalidItem`
-    naming the field and the value.
+    ``event_time`` follows :func:`event_timestamp`'s rule, ids and ``data_key``
+    :data:`ID_RULE` / :data:`TEXT_RULE`, and ``data`` :func:`_check_data`'s. Raises
+    :class:`InvalidItem` naming the field and the value.
 
     This runs once per written item, so the usual shape (a FeedItem with a UTC
-    ``event_time``, int or str ids, a flat dict of small scalars) is checked inline
-    in one call; anything else takes the detailed path, which gives the error.
+    ``event_time``, int or short ASCII str ids, a flat dict of small scalars under keys
+    seen before) is checked inline in one call; anything else takes the detailed path,
+    which gives the error.
     """
     if type(item) is FeedItem:
         et = item.event_time
@@ -201,19 +270,24 @@ def check_item(item: object, index: int | None = None) -> float:
             r, s, t, k, d = item.receiver_id, item.sender_id, item.type, item.data_key, item.data
             if (
                 0.0 <= ts < MAX_OBJECTID_SECONDS
-                and ((type(r) is int and _MIN64 <= r < _MAX64) or (type(r) is str and r != "" and r.isascii()))
-                and ((type(s) is int and _MIN64 <= s < _MAX64) or (type(s) is str and s != "" and s.isascii()))
-                and ((type(t) is int and _MIN64 <= t < _MAX64) or (type(t) is str and t != "" and t.isascii()))
+                and ((type(r) is int and _MIN64 <= r < _MAX64) or (type(r) is str and 0 < len(r) <= MAX_ID_CHARS and r.isascii()))
+                and ((type(s) is int and _MIN64 <= s < _MAX64) or (type(s) is str and 0 < len(s) <= MAX_ID_CHARS and s.isascii()))
+                and ((type(t) is int and _MIN64 <= t < _MAX64) or (type(t) is str and 0 < len(t) <= MAX_ID_CHARS and t.isascii()))
                 and type(k) is str
-                and k != ""
+                and 0 < len(k) <= MAX_ID_CHARS
                 and k.isascii()
                 and type(d) is dict
                 and len(d) <= _FLAT_KEYS  # with values under _LONG_STR, far below the size limit
             ):
+                good = _GOOD_KEYS
                 for key, value in d.items():
                     kind = type(value)
-                    if type(key) is not str or "\x00" in key or not key.isascii():
-                        break
+                    if key not in good:
+                        if type(key) is not str or not key.isascii() or key_problem(key) is not None:
+                            break
+                        if len(good) >= _GOOD_KEYS_MAX:
+                            good.clear()
+                        good.add(key)
                     if kind is int:
                         if not _MIN64 <= value < _MAX64:
                             break
@@ -232,16 +306,13 @@ def _check_item_slowly(item: object, index: int | None) -> float:
     if type(item) is not FeedItem:
         raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
     ts = event_timestamp(item.event_time, index=index)
-    if not is_id(item.receiver_id):
-        raise InvalidItem("receiver_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {item.receiver_id!r:.80})", index=index)
-    if not is_id(item.sender_id):
-        raise InvalidItem("sender_id", f"must be a 64-bit int or a non-empty UTF-8 str (got {item.sender_id!r:.80})", index=index)
-    t = item.type
-    if not is_id(t):
-        raise InvalidItem("type", f"must be a 64-bit int or a non-empty UTF-8 str (got {t!r:.80})", index=index)
+    for field in ("receiver_id", "sender_id", "type"):
+        value = getattr(item, field)
+        if not is_id(value):
+            raise InvalidItem(field, f"{ID_RULE} (got {value!r:.80})", index=index)
     dk = item.data_key
     if not is_text(dk):
-        raise InvalidItem("data_key", f"must be a non-empty UTF-8 str (got {dk!r:.80})", index=index)
+        raise InvalidItem("data_key", f"{TEXT_RULE} (got {dk!r:.80})", index=index)
     data = item.data
     if not isinstance(data, Mapping):
         raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})", index=index)

@@ -39,7 +39,7 @@ from pymongo.errors import (
 
 from .clusters import DUPLICATE_KEY, TRANSIENT_WRITE_CODES, Cluster, Clusters
 from .config import RouterConfig, load_config
-from .cursor import CursorState, Position, decode_state, encode_state
+from .cursor import CursorState, Position, check_state, decode_state, encode_state
 from .fanout import Active, Activity, FanOutExecutor, FanOutHandle, FanOutResult
 from .fanout import fan_out as _fan_out
 from .errors import ClusterUnavailable, DeleteFailed, InvalidItem, RouterError, StaleMetadata, WriteFailed
@@ -551,7 +551,11 @@ class FeedRouter:
         policy = self.config.on_unavailable if on_unavailable is None else on_unavailable
         if policy not in ("raise", "partial"):
             raise InvalidItem("on_unavailable", f"must be 'raise' or 'partial' (got {policy!r})")
-        state = decode_state(cursor) if cursor is not None else CursorState()
+        timemap = self._loaded.timemap
+        state = (
+            check_state(decode_state(cursor), {m.name: m.start_date for m in timemap.periods})
+            if cursor is not None else CursorState()
+        )
         items: list[FeedItem] = []
         sources: list[str] = []
         queried: list[str] = []
@@ -584,9 +588,8 @@ class FeedRouter:
             return Position(last.event_time, last.id)
 
         for name, position in state.pending:  # clusters skipped earlier while down
-            if len(items) >= limit or name not in self._clusters.names:
-                if name in self._clusters.names:
-                    owed.append((name, position))
+            if len(items) >= limit:
+                owed.append((name, position))
                 continue
             more = fetch(name, position)
             if more is not None:
@@ -594,7 +597,7 @@ class FeedRouter:
         main, done = state.position, state.done
         first_main = len(items)  # items from here on come from the main walk
         if not done:
-            names = self._loaded.timemap.clusters_for_read(
+            names = timemap.clusters_for_read(
                 now=self._clock(),
                 window=self.config.read_window,
                 before=main.event_time if main is not None else None,

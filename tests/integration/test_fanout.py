@@ -218,7 +218,7 @@ def test_invalid_receivers_fail_alone(router: FeedRouter, raw_clients: Clients, 
     assert result.failed_receivers == ()  # only valid ids are listed; invalid ones are in errors
     messages = sorted(str(e) for e in result.errors)
     assert len(messages) == 6 and all(isinstance(e, InvalidItem) for e in result.errors)
-    assert "receivers[1]: must be a 64-bit int or a non-empty str (got True)" in messages
+    assert "receivers[1]: must be a 64-bit int or a non-empty UTF-8 str of at most 1024 characters (got True)" in messages
     assert any(m.startswith("receivers[7]: must be valid Unicode text") for m in messages)
     assert sorted(map(str, receivers_stored(raw_clients, db_name))) == ["1", "2", "alice"]
 

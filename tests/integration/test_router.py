@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
@@ -24,6 +24,8 @@ from router import (
     WriteFailed,
     data_key,
 )
+
+from router.cursor import CursorState, Position, encode_state
 
 from .conftest import NAMES, NOW, P0, P1, P2, PERIODS
 
@@ -214,22 +216,49 @@ def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterCon
     assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 0
 
 
+class _Offset(tzinfo):
+    """A tzinfo with a fixed (possibly invalid) offset, or one whose utcoffset raises."""
+
+    def __init__(self, offset: timedelta | None, error: Exception | None = None) -> None:
+        self.offset, self.error = offset, error
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        if self.error is not None:
+            raise self.error
+        return self.offset
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    cur = top
+    for _ in range(depth):
+        cur["x"] = {}
+        cur = cur["x"]
+    return top
+
+
+def _self_referencing() -> dict[str, Any]:
+    me: dict[str, Any] = {}
+    me["me"] = me
+    return me
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [
         ("event_time", datetime(2024, 5, 1), "items[3].event_time: must be timezone-aware"),
         ("event_time", "2024-05-01", "items[3].event_time: must be a timezone-aware datetime"),
-        ("receiver_id", None, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str (got None)"),
-        ("receiver_id", True, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str (got True)"),
+        ("receiver_id", None, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str of at most 1024 characters (got None)"),
+        ("receiver_id", True, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str of at most 1024 characters (got True)"),
         ("receiver_id", 2**63, "items[3].receiver_id: must be a 64-bit int"),
-        ("sender_id", 1.5, "items[3].sender_id: must be a 64-bit int or a non-empty UTF-8 str (got 1.5)"),
-        ("type", [1], "items[3].type: must be a 64-bit int or a non-empty UTF-8 str (got [1])"),
+        ("sender_id", 1.5, "items[3].sender_id: must be a 64-bit int or a non-empty UTF-8 str of at most 1024 characters (got 1.5)"),
+        ("type", [1], "items[3].type: must be a 64-bit int or a non-empty UTF-8 str of at most 1024 characters (got [1])"),
         ("data", "x", "items[3].data: must be a mapping (got str)"),
         ("data", {1: "x"}, "items[3].data: keys must be str (got key 1)"),
-        ("data", {"a": {1: "x"}}, "items[3].data: cannot be stored as BSON: "),
+        ("data", {"a": {1: "x"}}, "items[3].data.a: keys must be str (got key 1)"),
         ("data", {"a": [{1, 2}]}, "items[3].data: cannot be stored as BSON: "),
         ("data", {"a": 2**64}, "items[3].data: cannot be stored as BSON: "),
-        ("data", {"a\x00b": 1}, "items[3].data: cannot be stored as BSON: "),
+        ("data", {"a\x00b": 1}, "items[3].data.a\x00b: a key must not contain NUL"),
         ("data", {"blob": "x" * (17 * 1024 * 1024)}, "items[3].data: must encode to at most"),
         ("data_key", "", "items[3].data_key: must be a non-empty UTF-8 str"),
         ("data", {"x": "bad\ud800"}, "items[3].data: cannot be stored as BSON"),
@@ -237,6 +266,23 @@ def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterCon
         ("receiver_id", "\ud800", "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str"),
         ("data_key", "k\ud800", "items[3].data_key: must be a non-empty UTF-8 str"),
         ("type", "t\udfff", "items[3].type: must be a 64-bit int or a non-empty"),
+        # Oversized ids and keys: accepted before, and the receiver's reads then failed for ever.
+        ("sender_id", "s" * (17 * 1024 * 1024), "items[3].sender_id: must be a 64-bit int or a non-empty UTF-8 str of at most 1024"),
+        ("receiver_id", "r" * 1025, "items[3].receiver_id: must be a 64-bit int or a non-empty UTF-8 str of at most 1024"),
+        ("type", "t" * 5000, "items[3].type: must be a 64-bit int or a non-empty UTF-8 str of at most 1024"),
+        ("data_key", "k" * (17 * 1024 * 1024), "items[3].data_key: must be a non-empty UTF-8 str of at most 1024 characters"),
+        # Times that overflow, and tzinfos that misbehave: OverflowError/ValueError/RuntimeError before.
+        ("event_time", datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))), "items[3].event_time: is outside the range"),
+        ("event_time", datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))), "items[3].event_time: is outside the range"),
+        ("event_time", datetime(2024, 8, 1, tzinfo=_Offset(timedelta(hours=30))), "items[3].event_time: its tzinfo"),
+        ("event_time", datetime(2024, 8, 1, tzinfo=_Offset(None, RuntimeError("boom"))), "items[3].event_time: its tzinfo"),
+        # Nesting past the limit, or a value that contains itself: RecursionError before.
+        ("data", _nested(2000), "items[3].data.x.x.x"),
+        ("data", _self_referencing(), "items[3].data.me.me"),
+        # Keys the server refuses: a partly applied batch and ClusterUnavailable before.
+        ("data", {"$set": 1}, "items[3].data.$set: a key must not start with '$'"),
+        ("data", {"a.b": 1}, "items[3].data.a.b: a key must not contain '.'"),
+        ("data", {"ok": [{"deep": {"$x": 1}}]}, "items[3].data.ok[0].deep.$x: a key must not start with '$'"),
     ],
 )
 def test_invalid_item_rejects_the_whole_batch(
@@ -345,3 +391,19 @@ def test_unencodable_read_and_delete_arguments(router: FeedRouter, call: str) ->
             router.read(2**70)
         else:
             router.delete("\ud800")
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        (CursorState(pending=(("cluster_3", None), ("cluster_3", None)), done=True), "owes cluster 'cluster_3' twice"),
+        (CursorState(pending=(("cluster_9", None),), done=True), "owes cluster 'cluster_9', which has no period"),
+        (CursorState(pending=(("cluster_3", Position(P1, ObjectId())),), done=True), "precedes its period"),
+    ],
+)
+def test_forged_cursor_is_refused(router: FeedRouter, state: CursorState, message: str) -> None:
+    """A well-formed cursor the router could not have made is InvalidCursor (one owing a cluster twice used to
+    serve that cluster's items twice)."""
+    router.write_many([item(1, P2 + timedelta(days=i), i) for i in range(5)])
+    with pytest.raises(InvalidCursor, match=re.escape(message)):
+        router.read(1, limit=10, cursor=encode_state(state))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router import InvalidCursor
-from router.cursor import Position, decode_cursor, encode_cursor
+from router.cursor import CursorState, Position, check_state, decode_cursor, decode_state, encode_cursor, encode_state
 
 UTC = timezone.utc
 
@@ -79,3 +80,38 @@ def test_garbage_state_is_invalid_cursor(bad: str) -> None:
 
     with pytest.raises(InvalidCursor):
         decode_state(bad)
+
+
+STARTS = {"c1": datetime(2024, 1, 1, tzinfo=UTC), "c2": datetime(2024, 4, 1, tzinfo=UTC)}
+LATE = Position(datetime(2024, 5, 1, tzinfo=UTC), ObjectId(b"\x00" * 12))
+EARLY = Position(datetime(2023, 5, 1, tzinfo=UTC), ObjectId(b"\x00" * 12))
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        (CursorState(pending=(("c2", None), ("c2", None)), done=True), "owes cluster 'c2' twice"),
+        (CursorState(pending=(("nope", None),)), "owes cluster 'nope', which has no period here"),
+        (CursorState(pending=(("c2", EARLY),)), "owes cluster 'c2' items before 2023-05-01"),
+        (CursorState(position=LATE, done=True), "marks a finished walk that owes nothing"),
+    ],
+)
+def test_states_the_router_never_makes_are_refused(state: CursorState, message: str) -> None:
+    """A well-formed but forged state (duplicate, unknown or impossible owed clusters) is InvalidCursor."""
+    decoded = decode_state(encode_state(state))
+    with pytest.raises(InvalidCursor, match=re.escape(message)):
+        check_state(decoded, STARTS)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        CursorState(),
+        CursorState(position=LATE),
+        CursorState(position=LATE, pending=(("c1", None), ("c2", LATE))),
+        CursorState(position=None, pending=(("c1", LATE),), done=True),
+    ],
+)
+def test_states_the_router_makes_pass(state: CursorState) -> None:
+    """Every state the read path produces passes the check unchanged."""
+    assert check_state(decode_state(encode_state(state)), STARTS) == state

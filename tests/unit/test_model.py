@@ -19,9 +19,19 @@ UTC = timezone.utc
 anything = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
     | st.binary(max_size=8) | st.datetimes(timezones=st.just(UTC)) | st.sets(st.integers(), max_size=2),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=5) | st.sampled_from(["$set", "a.b", ".", "$", "ok", ""]) | st.integers(), inner, max_size=3),
     max_leaves=8,
 )
+
+
+def _keys(value: Any) -> list[Any]:
+    """Every mapping key at any depth of *value*."""
+    if isinstance(value, dict):
+        return [*value, *(k for v in value.values() for k in _keys(v))]
+    if isinstance(value, (list, tuple)):
+        return [k for v in value for k in _keys(v)]
+    return []
 
 
 @settings(max_examples=400)
@@ -40,6 +50,7 @@ def test_check_item_accepts_only_what_bson_stores(
         assert str(exc).startswith("items[0].")
         return
     assert len(bson.encode(item.to_document(ObjectId()))) < 16 * 1024 * 1024
+    assert not any(k.startswith("$") or "." in k for k in _keys(data))
 
 
 def test_flat_data_passes_without_encoding() -> None:
