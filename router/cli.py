@@ -19,7 +19,8 @@ from typing import Any, TextIO
 from . import __version__
 from .clusters import Cluster, Clusters
 from .config import RouterConfig, load_config
-from .errors import ClusterUnavailable, ConfigError, RouterError
+from .errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
+from .model import ClusterMeta
 from .migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
 from .periods import apply_period, plan_period, retire
 from .rollover import RolloverScheduler, default_owner, do_rollover
@@ -106,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a table of clusters: period, reachable, round trip, documents, migrations",
         description="Show, for each configured cluster: its period, whether it answers, the round-trip "
         "time of a ping, the estimated number of feed documents and the migrations applied. "
-        "Exits 1 if any cluster is unreachable.",
+        "Exits 1 if any cluster is unreachable or has a malformed metadata document (marked in its row).",
     )
     migrate = sub.add_parser(
         "migrate",
@@ -244,12 +245,19 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
             if isinstance(result, ClusterUnavailable):
                 row.update(reachable=False, error=str(result), period=None)
             else:
-                meta = result.pop("meta")
-                if meta is not None:
-                    row["period"] = {"start_date": meta.get("start_date"), "end_date": meta.get("end_date")}
-                else:
-                    row["period"] = None
-                row.update(reachable=True, standby=name in standby, retired=bool(meta and meta.get("retired")), **result)
+                doc = result.pop("meta")
+                meta, problem = None, None
+                if doc is not None:
+                    try:
+                        meta = ClusterMeta.from_document(doc)
+                    except (InvalidItem, TypeError, ValueError) as exc:
+                        problem = f"cluster {name!r}: bad metadata document: {exc}"
+                elif result["metadata_documents"] > 1:
+                    problem = f"cluster {name!r}: {result['metadata_documents']} metadata documents (expected one)"
+                row["period"] = {"start_date": meta.start_date, "end_date": meta.end_date} if meta else None
+                row.update(reachable=True, standby=name in standby, retired=bool(meta and meta.retired), **result)
+                if problem is not None:
+                    row["error"] = problem
             rows.append(row)
         progress.close()
     header = f"{'cluster':<14} {'period':<50} {'reachable':<9} {'rtt ms':>7} {'feed docs':>10}  migrations"
@@ -259,6 +267,8 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
             period = format_period(row["period"]["start_date"], row["period"]["end_date"])
             if row.get("retired"):
                 period += " retired"
+        elif row.get("error") and row["reachable"]:
+            period = "(bad metadata)"
         elif row.get("standby"):
             period = "(standby, no period yet)"
         else:
@@ -270,9 +280,9 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
             )
         else:
             lines.append(f"{row['cluster']:<14} {period:<50} {'NO':<9} {'-':>7} {'-':>10}  -")
-    lines += [f"error: {row['error']}" for row in rows if not row["reachable"]]
+    lines += [f"error: {row['error']}" for row in rows if row.get("error")]
     _emit(args, rows, "\n".join(lines))
-    if any(not row["reachable"] for row in rows):
+    if any(row.get("error") for row in rows):
         raise _Failed
     return 0
 

@@ -53,6 +53,7 @@ __all__ = [
     "parse_config",
     "redact_uri",
     "uri_password",
+    "uri_problem",
     "parse_duration",
     "DRIVER_OPTIONS",
 ]
@@ -103,6 +104,46 @@ def uri_password(uri: str) -> str | None:
     at = authority.rfind("@")
     userinfo = authority[:at] if at >= 0 else ""
     return userinfo.split(":", 1)[1] if ":" in userinfo else None
+
+
+#: A host as pymongo's split_hosts returns it: a name or IPv4 address, an IPv6 address (brackets
+#: removed), or a unix socket path.
+_HOST = re.compile(r"^(?:[A-Za-z0-9_~-]+(?:\.[A-Za-z0-9_~-]+)*\.?|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9]+)?|/\S+\.sock)$")
+
+
+def uri_problem(uri: str) -> str | None:
+    """Why pymongo would refuse *uri*, or ``None``: hosts, ports, credentials and every option checked.
+
+    Uses pymongo's own URI parsing functions, without the DNS lookup a ``mongodb+srv://``
+    URI needs at connect time, plus a check that host names hold no spaces or other
+    characters no host name has. The reason never includes the password.
+    """
+    from pymongo.errors import PyMongoError
+    from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
+
+    srv = uri.startswith("mongodb+srv://")
+    rest = uri.split("://", 1)[1]
+    hosts_part, _, options = rest.partition("?")
+    hosts_part = hosts_part.split("/", 1)[0]
+    userinfo, at, hosts = hosts_part.rpartition("@")
+    password = uri_password(uri)
+    try:
+        if not hosts:
+            return "it names no host"
+        if at:
+            parse_userinfo(userinfo)
+        nodes = split_hosts(hosts, default_port=None if srv else 27017)
+        for host, _port in nodes:
+            if not _HOST.match(host):
+                return f"host {host!r} is not a host name or address"
+        if srv and (len(nodes) != 1 or nodes[0][1] is not None):
+            return "a mongodb+srv:// URI names exactly one host and no port"
+        if options:
+            split_options(options, validate=True, warn=False)
+    except (PyMongoError, ValueError, TypeError) as exc:
+        text = redact_uri(str(exc))
+        return text.replace(password, "***") if password else text
+    return None
 
 
 def redact_uri(text: str) -> str:
@@ -271,6 +312,8 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         mark = getattr(exc, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
         raise ConfigError([ConfigProblem(source, line, col, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ConfigError([ConfigProblem(source, 0, 0, "", "nested too deeply to be a clusters.yaml")]) from None
     if root is None:
         raise ConfigError([ConfigProblem(source, 0, 0, "", "the file is empty; it needs at least a 'clusters' list")])
     top = r.mapping(
@@ -413,6 +456,11 @@ def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
             if uri is not None and not uri.startswith(("mongodb://", "mongodb+srv://")):
                 r.problem(spec["uri"], f"{path}.uri", f"must be a mongodb:// or mongodb+srv:// URI (got {_masked(uri)!r})")
                 uri = None
+            elif uri is not None:
+                reason = uri_problem(uri)
+                if reason is not None:
+                    r.problem(spec["uri"], f"{path}.uri", f"not a valid MongoDB URI: {reason} (got {_masked(uri)!r})")
+                    uri = None
         options = _options(r, spec["options"], f"{path}.options") if "options" in spec else {}
         if name is not None:
             if name in names:

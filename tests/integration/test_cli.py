@@ -9,6 +9,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from router import RouterConfig
 from router.localservers import LocalClusters
@@ -110,3 +113,42 @@ def test_version_and_usage() -> None:
     assert result.returncode == 0 and result.stdout.startswith("feedrouter 0.")
     assert feedrouter("frobnicate").returncode == 2
     assert feedrouter("demo", "--posts", "0").returncode == 2
+
+
+def test_status_marks_bad_metadata_and_prints_every_cluster(
+    make_config: Callable[..., RouterConfig], tmp_path: Path, raw_clients: dict[str, Any]
+) -> None:
+    """A start_date stored as a string: status still prints every cluster, marks that one with the field and
+    value, and exits 1 (it used to print an AttributeError and no table)."""
+    config = make_config()
+    register(config)
+    raw_clients["cluster_2"][config.database].metadata.update_one({"_id": "cluster_2"}, {"$set": {"start_date": "2024-04-01"}})
+    path = write_yaml(tmp_path / "clusters.yaml", config)
+    result = feedrouter("-c", str(path), "status")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "AttributeError" not in result.stdout + result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:4]}
+    assert set(rows) == {"cluster_1", "cluster_2", "cluster_3"}
+    assert "(bad metadata)" in rows["cluster_2"] and "[2024-01-01T00:00:00Z, 2024-04-01T00:00:00Z)" in rows["cluster_1"]
+    assert "error: cluster 'cluster_2': bad metadata document: start_date: must be a timezone-aware datetime (got '2024-04-01')" in result.stdout
+    as_json = json.loads(feedrouter("--json", "-c", str(path), "status").stdout)
+    assert [r["cluster"] for r in as_json] == ["cluster_1", "cluster_2", "cluster_3"]
+    assert "start_date" in as_json[1]["error"] and "error" not in as_json[0]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("clusters: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        ("clusters:\n  - {name: a, uri: 'mongodb://127.0.0.1:99999/'}\n", "clusters[0].uri: not a valid MongoDB URI: Port must be"),
+        ("clusters:\n  - {name: a, uri: 'mongodb://127.0.0.1/?bogusOption=1'}\n", "Unknown option: bogusoption"),
+    ],
+)
+def test_unusable_config_exits_2(tmp_path: Path, text: str, expected: str) -> None:
+    """Deep YAML and malformed URIs are configuration errors (exit 2) before any connection is tried."""
+    path = tmp_path / "clusters.yaml"
+    path.write_text(text)
+    for command in (["check"], ["status"], ["--json", "status"]):
+        result = feedrouter("-c", str(path), *command)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert expected in result.stderr and "Traceback" not in result.stderr

@@ -174,3 +174,43 @@ def test_rollover_problems() -> None:
     ]
     lead = GOOD + "rollover: {period: monthly, lead_time: 30d}\n"
     assert problems(lead, env={"PW": "x"}) == ["clusters.yaml:10:40: rollover.lead_time: must be shorter than the period (got '30d')"]
+
+
+@pytest.mark.parametrize(
+    "uri, reason",
+    [
+        ("mongodb://127.0.0.1:notaport/", "Port contains non-digit characters"),
+        ("mongodb://127.0.0.1:99999/", "Port must be an integer between 0 and 65535"),
+        ("mongodb://a b:1/", "host 'a b' is not a host name or address"),
+        ("mongodb://", "it names no host"),
+        ("mongodb:///db", "it names no host"),
+        ("mongodb://h:1/?notAnOption=1", "Unknown option: notanoption"),
+        ("mongodb://h:1/?serverSelectionTimeoutMS=soon", "serverselectiontimeoutms must be an integer or float"),
+        ("mongodb+srv://a.example:27017", "a mongodb+srv:// URI names exactly one host and no port"),
+    ],
+)
+def test_malformed_uris_are_config_errors(uri: str, reason: str) -> None:
+    """pymongo's own URI parser finds what a hand-written pattern missed, reported at the URI's line and column."""
+    text = f"clusters:\n  - name: a\n    uri: '{uri}'\n"
+    (msg,) = problems(text)
+    assert msg.startswith("clusters.yaml:3:10: clusters[0].uri: ")
+    assert reason in msg, msg
+
+
+def test_malformed_uri_error_hides_the_password() -> None:
+    """A URI rejected by the parser is shown with its password masked."""
+    (msg,) = problems("clusters:\n  - {name: a, uri: 'mongodb://u:hunter2@h:99999/'}\n")
+    assert "hunter2" not in msg and "u:***@h:99999" in msg
+
+
+@pytest.mark.parametrize("uri", ["mongodb://[::1]:27017", "mongodb://%2Ftmp%2Fm.sock", "mongodb://h1,h2:27018/?replicaSet=rs",
+                                 "mongodb+srv://feed:pw@db.example/?retryWrites=true"])
+def test_valid_uris_pass(uri: str) -> None:
+    """IPv6, unix sockets, several hosts and SRV names are accepted (no DNS is asked)."""
+    assert parse_config(f"clusters:\n  - {{name: a, uri: '{uri}'}}\n", env={}).clusters[0].uri == uri
+
+
+def test_deep_yaml_is_a_config_error() -> None:
+    """A file nested thousands of levels deep is a ConfigError, not a RecursionError."""
+    deep = "clusters: " + "[" * 5000 + "]" * 5000 + "\n"
+    assert problems(deep) == ["clusters.yaml: nested too deeply to be a clusters.yaml"]
