@@ -52,9 +52,22 @@ _FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.py$")
 
 
 def default_folder() -> Path:
-    """``$FEEDROUTER_MIGRATIONS``, else the ``migrations/`` folder of this source checkout."""
+    """Where the migrations are: ``$FEEDROUTER_MIGRATIONS``, else the package ``router.migrations``.
+
+    An installed wheel carries them as ``router/migrations``; an editable install maps that
+    package to the repository's top-level ``migrations/`` folder, which is also used when the
+    package runs straight from a checkout (``PYTHONPATH=.``).
+    """
     env = os.environ.get("FEEDROUTER_MIGRATIONS")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "migrations"
+    if env:
+        return Path(env)
+    try:
+        spec = importlib.util.find_spec("router.migrations")
+    except ImportError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parents[1] / "migrations"
 
 
 @attrs.frozen
