@@ -32,6 +32,8 @@ __all__ = ["Cluster", "Clusters", "Capabilities", "driver_error", "DUPLICATE_KEY
 _TOO_MANY_VARIABLES = "too many SQL variables"
 #: The server's duplicate key error code.
 DUPLICATE_KEY = 11000
+#: The server's error code for a command it does not know.
+COMMAND_NOT_FOUND = 59
 #: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
 TRANSIENT_WRITE_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
 
@@ -119,8 +121,15 @@ class Cluster:
         self.call("ping", lambda: self.client.admin.command("ping"))
 
     def capabilities(self) -> Capabilities:
-        """Ask the server what it is (``hello`` and ``buildInfo``)."""
-        hello = self.call("hello", lambda: self.client.admin.command("hello"))
+        """Ask the server what it is (``hello``, or ``isMaster`` where ``hello`` is unknown, and ``buildInfo``)."""
+        try:
+            hello = self.client.admin.command("hello")
+        except OperationFailure as exc:
+            if exc.code != COMMAND_NOT_FOUND:  # servers before MongoDB 4.4, mongo-java-server: no `hello`
+                raise self.error(exc, doing="hello") from exc
+            hello = self.call("isMaster", lambda: self.client.admin.command("isMaster"))
+        except PyMongoError as exc:
+            raise self.error(exc, doing="hello") from exc
         info = self.call("buildInfo", lambda: self.client.admin.command("buildInfo"))
         ferret = "ferretdbVersion" in info
         return Capabilities(
