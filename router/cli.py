@@ -179,7 +179,7 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .testing.demo import run_demo
 
     if args.posts < 1:
         raise _UsageError(f"--posts: must be at least 1 (got {args.posts})")

@@ -1,7 +1,7 @@
 """Fixtures for tests against real MongoDB-wire servers.
 
 Three local servers (mongod if on PATH, else FerretDB) are started once per test
-session by :mod:`router.localservers`; every test gets its own database name on
+session by :mod:`router.testing.localservers`; every test gets its own database name on
 them, dropped afterwards. Nothing here skips: no server means the tests error.
 """
 
@@ -17,7 +17,7 @@ from pymongo import MongoClient
 
 from router import ClusterConfig, ClusterMeta, FeedRouter, ReadWindow, RouterConfig
 from router.clusters import Cluster
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 from router.migrate import discover, migrate_cluster
 
 UTC = timezone.utc

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from router import RouterConfig
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 
 from .conftest import register
 

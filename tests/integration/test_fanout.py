@@ -39,7 +39,7 @@ from router.fanout import (
     fan_out,
 )
 from router.ids import copy_id
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 
 from .conftest import NAMES, NOW, P0, P1, register
 from .fanout_child import ACTIVITY

@@ -11,7 +11,7 @@ import pytest
 from pymongo import MongoClient
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
-from router.localservers import LocalClusters, LocalServer
+from router.testing.localservers import LocalClusters, LocalServer
 
 from .conftest import NOW, P0, P1, P2, register
 

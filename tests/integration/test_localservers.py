@@ -1,4 +1,4 @@
-"""Tests for router.localservers against real servers it starts (no skips: fail loudly)."""
+"""Tests for router.testing.localservers against real servers it starts (no skips: fail loudly)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pymongo
 
-from router.localservers import FERRETDB_VERSION, LocalClusters, ensure_ferretdb
+from router.testing.localservers import FERRETDB_VERSION, LocalClusters, ensure_ferretdb
 
 
 def _client(uri: str) -> pymongo.MongoClient[dict[str, object]]:

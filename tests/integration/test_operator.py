@@ -14,7 +14,7 @@ import pytest
 from pymongo import MongoClient
 
 from router import FeedItem, FeedRouter, data_key
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2
 

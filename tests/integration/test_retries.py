@@ -12,7 +12,7 @@ from pymongo import MongoClient
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
 
-from .blip import BlipProxy
+from router.testing.proxy import BlipProxy
 from .conftest import NOW, P1, register
 
 Clients = dict[str, MongoClient[dict[str, Any]]]

@@ -16,7 +16,7 @@ from router import ClusterConfig, ClusterMeta, FeedItem, FeedRouter, ReadWindow,
 from router.clusters import Cluster, Clusters
 from router.config import RolloverConfig
 from router.errors import ClusterRetired, PeriodChangeRefused, RolloverError, StaleMetadata
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 from router.migrate import discover, migrate_cluster
 from router.periods import retire
 from router.rollover import RolloverScheduler, do_rollover, plan_rollover

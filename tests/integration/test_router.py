@@ -357,7 +357,7 @@ def test_unreachable_cluster_at_start_up_is_named(make_config: Callable[..., Rou
 
 def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConfig], raw_clients: Clients, db_name: str) -> None:
     """With one cluster gone mid-life, its items are reported failed by index; the rest are stored."""
-    from router.localservers import LocalClusters
+    from router.testing.localservers import LocalClusters
 
     from .conftest import register
 

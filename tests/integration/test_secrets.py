@@ -14,7 +14,7 @@ import pytest
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterError, data_key, load_config
 from router.clusters import Clusters
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 from router.migrate import discover
 from router.periods import apply_period, plan_period
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from router.localservers import LocalClusters
+from router.testing.localservers import LocalClusters
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,16 +21,16 @@ from typing import TextIO
 
 from pymongo import MongoClient
 
-from .clusters import Clusters
-from .config import load_config
-from .migrate import Migration, discover, migrate_cluster
-from .periods import apply_period, plan_period
-from .errors import RouterError
-from .ids import data_key
+from ..clusters import Clusters
+from ..config import load_config
+from ..migrate import Migration, discover, migrate_cluster
+from ..periods import apply_period, plan_period
+from ..errors import RouterError
+from ..ids import data_key
 from .localservers import LocalClusters
-from .model import FeedItem
-from .rollover import RolloverScheduler, upcoming_boundary
-from .router import FeedRouter
+from ..model import FeedItem
+from ..rollover import RolloverScheduler, upcoming_boundary
+from ..router import FeedRouter
 
 __all__ = ["run_demo", "demo_periods"]
 

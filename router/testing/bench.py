@@ -1,6 +1,6 @@
 """Benchmarks: what the router costs on top of the driver, as ratios measured in one run.
 
-Run ``scripts/bench`` (``python -m router.bench``). It starts three local servers
+Run ``scripts/bench`` (``python -m router.testing.bench``). It starts three local servers
 (or reuses ``--uris``). Each measurement has a warm-up and several repetitions with
 the router run and the raw pymongo run alternating, so machine drift cancels out.
 It prints a markdown table of medians with min and max, writes every raw figure to
@@ -31,14 +31,14 @@ import bson
 import pymongo
 from pymongo import MongoClient, monitoring
 
-from . import __version__
-from .clusters import Cluster
-from .config import ClusterConfig, RouterConfig
-from .ids import data_key
+from .. import __version__
+from ..clusters import Cluster
+from ..config import ClusterConfig, RouterConfig
+from ..ids import data_key
 from .localservers import LocalClusters
-from .migrate import discover, migrate_cluster
-from .model import ClusterMeta, FeedItem
-from .router import FeedRouter, _Loaded
+from ..migrate import discover, migrate_cluster
+from ..model import ClusterMeta, FeedItem
+from ..router import FeedRouter, _Loaded
 
 __all__ = ["main", "run_bench", "Result"]
 
@@ -205,7 +205,7 @@ def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
 
 def bench_cpu(n: int, reps: int) -> Result:
     """Routing + _id + data_key + document building, no I/O, vs bson.encode of the same documents."""
-    from .timemap import TimeMap
+    from ..timemap import TimeMap
 
     metas = [ClusterMeta(name=NAMES[0], start_date=P0, end_date=P1), ClusterMeta(name=NAMES[1], start_date=P1, end_date=P2),
              ClusterMeta(name=NAMES[2], start_date=P2)]
@@ -333,8 +333,8 @@ def bench_delete(uris: Sequence[str], reps: int, copies: int) -> Result:
 
 def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
     """fan_out of one activity to n receivers (a generator) vs raw insert_many of the same copies, same cluster."""
-    from .fanout import Activity
-    from .ids import copy_ids
+    from ..fanout import Activity
+    from ..ids import copy_ids
 
     config = _config(uris, "bench_fanout")
     _register(config)
@@ -387,7 +387,7 @@ def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
 
 def bench_fanout_memory(uri: str, sizes: tuple[int, int]) -> Result:
     """Peak RSS growth of a fan-out from a generator, small vs large receiver count, each in a fresh process."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "fanout_memory"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "fanout_memory"
     out = subprocess.run([sys.executable, str(script), "--uri", uri, "--sizes", *map(str, sizes), "--json"],
                          capture_output=True, text=True, env={**os.environ, "FANOUT_MEMORY_NO_VENV": "1"}, check=False)
     if out.returncode != 0:
@@ -492,7 +492,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.bench [--small] [--uris U1,U2,U3] [--out DIR] [--only NAME ...] [--strict]``."""
+    """``python -m router.testing.bench [--small] [--uris U1,U2,U3] [--out DIR] [--only NAME ...] [--strict]``."""
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny sizes: checks the benchmark runs (used by the tests)")
     parser.add_argument("--uris", help="reuse three running servers (comma-separated) instead of starting them")

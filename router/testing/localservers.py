@@ -16,7 +16,7 @@ Example::
         client = pymongo.MongoClient(clusters.uris[0])
         client.admin.command("ping")
 
-From a shell: ``python -m router.localservers run --count 3 -- pytest tests/integration``
+From a shell: ``python -m router.testing.localservers run --count 3 -- pytest tests/integration``
 runs the command with ``FEEDROUTER_URIS`` set to the comma-separated URIs.
 """
 
@@ -833,7 +833,7 @@ class _UsageError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m router.localservers",
+        prog="python -m router.testing.localservers",
         description="Start and stop local MongoDB-wire servers for tests and the demo.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs, tracebacks")
@@ -889,7 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example::
 
-        $ python -m router.localservers run --count 2 -- sh -c 'echo $FEEDROUTER_URIS'
+        $ python -m router.testing.localservers run --count 2 -- sh -c 'echo $FEEDROUTER_URIS'
         mongodb://127.0.0.1:40123,mongodb://127.0.0.1:40125
     """
     parser = _parser()
@@ -913,7 +913,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's main so loggers are named router.localservers, not __main__.
-    from router.localservers import main as _main
+    # Run the imported module's main so loggers are named router.testing.localservers, not __main__.
+    from router.testing.localservers import main as _main
 
     sys.exit(_main())
