@@ -1,7 +1,11 @@
 """Tools for testing code that uses feed-router against real servers: not part of the router itself.
 
 * :mod:`router.testing.localservers`: start MongoDB-wire servers on loopback (mongod,
-  or FerretDB built from its Go module) for tests, the demo and the benchmark.
+  or FerretDB built from its Go module, over a local PostgreSQL or SQLite) for tests, the
+  demo and the benchmark; its parts: ``clusters`` (the backends), ``server`` (one
+  server's faults), ``ferretdb`` (build, command line), ``postgres`` (the private
+  PostgreSQL), ``process`` (ports, pids, stopping), ``errors`` (``HarnessError``).
+* :mod:`router.testing.redis`: a local ``redis-server`` (the broker) with kill/restart.
 * :mod:`router.testing.proxy`: a loopback TCP proxy that cuts chosen commands, to test
   behaviour under network blips.
 * :mod:`router.testing.demo` and :mod:`router.testing.bench`: the demo and the benchmark.

@@ -1,0 +1,349 @@
+"""Several local servers, one per cluster, started and stopped together; the backends.
+
+Backends (``backend=`` or ``$FEED_TEST_BACKEND``):
+
+* ``mongod``: one mongod per cluster, each with its own data folder.
+* ``ferretdb-pg``: FerretDB v1.24.2 with its ``postgresql`` handler, one process per
+  cluster, all backed by ONE local PostgreSQL (:mod:`router.testing.postgres`) holding
+  one database per cluster. A fault (:meth:`LocalServer.kill`, ``pause``) hits one
+  cluster's FerretDB; PostgreSQL stays up until :meth:`LocalClusters.stop`.
+* ``ferretdb-sqlite`` (alias ``ferretdb``): FerretDB v1.24.2 with its ``sqlite`` handler,
+  one folder of SQLite files per cluster; needs nothing but the FerretDB binary.
+* ``docker``: testcontainers' ``mongo:7``, only when asked for.
+* ``auto`` (the default): ``mongod`` if it is on PATH, else ``ferretdb-pg`` if PostgreSQL's
+  server programs are found, else ``ferretdb-sqlite`` (with a warning).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pymongo
+import pymongo.errors
+
+from .errors import HarnessError
+from .ferretdb import FERRETDB_VERSION, ensure_ferretdb
+from .postgres import RESERVED_DATABASES, LocalPostgres, find_postgres
+from .process import DEFAULT_TIMEOUT, free_ports
+from .server import LocalServer, server_command
+
+__all__ = ["BACKENDS", "BACKEND_ENV", "LocalClusters"]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker")
+"""Accepted values for ``backend`` and ``$FEED_TEST_BACKEND`` (``ferretdb`` = ``ferretdb-sqlite``)."""
+
+ALIASES = {"ferretdb": "ferretdb-sqlite"}
+
+BACKEND_ENV = "FEED_TEST_BACKEND"
+
+POSTGRES_DIR = "postgres"
+"""The folder, under the clusters' base folder, of the ``ferretdb-pg`` backend's PostgreSQL."""
+
+POSTGRES_LOG = "postgres.log"
+
+
+def _resolve_backend(backend: str | None) -> str:
+    """Turn ``auto``/None/an alias into a concrete backend name, checking it can run here."""
+    source = "backend"
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV) or "auto"
+        source = f"${BACKEND_ENV}"
+    if backend not in BACKENDS:
+        message = f"{source}: must be one of {', '.join(BACKENDS)} (got {backend!r})"
+        if source == "backend":
+            raise ValueError(message)
+        raise HarnessError(message)
+    backend = ALIASES.get(backend, backend)
+    if backend == "auto":
+        if shutil.which("mongod"):
+            return "mongod"
+        if find_postgres() is not None:
+            return "ferretdb-pg"
+        logger.warning(
+            "no mongod on PATH and no PostgreSQL server (initdb, pg_ctl, postgres on PATH or "
+            "in /usr/lib/postgresql/*/bin): using FerretDB's SQLite backend "
+            "(install postgresql for the default ferretdb-pg backend)"
+        )
+        return "ferretdb-sqlite"
+    if backend == "mongod" and not shutil.which("mongod"):
+        raise HarnessError(f"{source}: 'mongod' was asked for but is not on PATH")
+    if backend == "ferretdb-pg" and find_postgres() is None:
+        raise HarnessError(
+            f"{source}: 'ferretdb-pg' was asked for but no PostgreSQL server was found "
+            "(initdb, pg_ctl and postgres on PATH or in /usr/lib/postgresql/*/bin); "
+            "install it (Debian: apt-get install postgresql) or run scripts/bootstrap as root"
+        )
+    return backend
+
+
+class LocalClusters:
+    """Several local servers, one per cluster name, started and stopped together.
+
+    ``base_dir`` holds one folder per cluster, and for ``ferretdb-pg`` the PostgreSQL
+    data folder ``postgres/`` and its log ``postgres.log`` (a temporary folder, removed on
+    :meth:`stop`, when None). As root, when PostgreSQL's own user cannot reach
+    ``base_dir``, ``postgres/`` is a symlink to a temporary folder that :meth:`stop`
+    removes. ``backend`` defaults to ``$FEED_TEST_BACKEND``, else
+    ``auto`` (see the module docstring); :attr:`backend` is the name it resolved to.
+    ``detached`` servers run in their own session and are not stopped when this Python
+    process exits (the CLI ``start`` uses it); otherwise :meth:`stop` also runs at
+    interpreter exit. ``ports`` fixes the servers' ports, one per cluster (default: free
+    ports on 127.0.0.1; PostgreSQL always gets a free port).
+
+    Example::
+
+        >>> with LocalClusters(2, names=["eu", "us"]) as clusters:  # doctest: +SKIP
+        ...     clusters.uris
+        ['mongodb://127.0.0.1:40123', 'mongodb://127.0.0.1:40125']
+    """
+
+    def __init__(
+        self,
+        count: int = 3,
+        *,
+        base_dir: Path | None = None,
+        backend: str | None = None,
+        names: Sequence[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        detached: bool = False,
+        ports: Sequence[int] | None = None,
+    ) -> None:
+        if count < 1:
+            raise ValueError(f"count: must be at least 1 (got {count})")
+        if names is None:
+            names = [f"cluster_{i}" for i in range(1, count + 1)]
+        names = list(names)
+        if len(names) != count:
+            raise ValueError(f"names: expected {count} names (got {len(names)}: {names})")
+        if len(set(names)) != len(names):
+            raise ValueError(f"names: must be unique (got {names})")
+        for name in names:
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"names: {name!r} cannot be a folder name")
+        if timeout <= 0:
+            raise ValueError(f"timeout: must be positive (got {timeout})")
+        self.count = count
+        self.names = names
+        self.backend = _resolve_backend(backend)
+        """The backend in use: ``mongod``, ``ferretdb-pg``, ``ferretdb-sqlite`` or ``docker``."""
+        if self.backend == "ferretdb-pg":
+            taken = {*RESERVED_DATABASES, POSTGRES_DIR, POSTGRES_LOG}
+            for name in names:
+                if name in taken or len(name.encode()) > 63:
+                    raise ValueError(
+                        f"names: {name!r} cannot name a cluster on ferretdb-pg (a PostgreSQL "
+                        f"database name of at most 63 bytes, not one of {', '.join(sorted(taken))})"
+                    )
+        self.base_dir = base_dir
+        self.timeout = timeout
+        self.detached = detached
+        if ports is not None and (len(ports) != count or any(not 0 < p < 65536 for p in ports)):
+            raise ValueError(f"ports: expected {count} ports from 1 to 65535 (got {list(ports)})")
+        self.ports = list(ports) if ports is not None else None
+        self.servers: list[LocalServer] = []
+        self.postgres: LocalPostgres | None = None
+        """The PostgreSQL behind every cluster on ``ferretdb-pg``, once started; else None."""
+        self._temp_dir: Path | None = None
+        self._started = False
+
+    @property
+    def uris(self) -> list[str]:
+        """The servers' URIs, in the order of ``names``."""
+        return [server.uri for server in self.servers]
+
+    @property
+    def server_description(self) -> str:
+        """What serves the clusters, for reports: ``FerretDB v1.24.2 (PostgreSQL 15.18)``.
+
+        Example::
+
+            >>> LocalClusters(1, backend="ferretdb-sqlite").server_description  # doctest: +SKIP
+            'FerretDB v1.24.2 (SQLite)'
+        """
+        if self.backend == "ferretdb-pg":
+            found = self.postgres.binaries if self.postgres else find_postgres()
+            return f"FerretDB {FERRETDB_VERSION} (PostgreSQL {found.version if found else '?'})"
+        if self.backend == "ferretdb-sqlite":
+            return f"FerretDB {FERRETDB_VERSION} (SQLite)"
+        version = "?"
+        if self.servers:
+            client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+                self.servers[0].uri, directConnection=True, serverSelectionTimeoutMS=2000
+            )
+            with contextlib.suppress(pymongo.errors.PyMongoError), client:
+                version = str(client.admin.command("buildInfo").get("version", "?"))
+        return f"MongoDB {version} ({self.backend})"
+
+    def start(self) -> list[str]:
+        """Start every server, wait until each answers ``ping``, and return their URIs.
+
+        If any server fails, the ones already started are stopped and
+        :class:`HarnessError` says why, with the end of the failing server's log.
+
+        Example::
+
+            >>> clusters = LocalClusters(2)  # doctest: +SKIP
+            >>> try:  # doctest: +SKIP
+            ...     uris = clusters.start()
+            ... finally:
+            ...     clusters.stop()
+        """
+        if self._started:
+            raise HarnessError("these clusters are already started")
+        self._started = True
+        if not self.detached:
+            atexit.register(self.stop)
+        try:
+            if self.backend == "docker":
+                self._start_docker()
+            else:
+                self._start_processes()
+        except BaseException:
+            self.stop()
+            raise
+        return self.uris
+
+    def stop(self) -> None:
+        """Stop every server, then PostgreSQL, and remove temporary folders; repeatable.
+
+        Example::
+
+            >>> clusters.stop()  # doctest: +SKIP
+        """
+        servers = [server for server in self.servers if server.alive]
+        if servers:
+            with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+                for future in [pool.submit(server.stop) for server in servers]:
+                    future.result()
+        if self.postgres is not None:
+            self.postgres.stop()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+
+    def create_user(self, name: str, password: str) -> None:
+        """Let clients authenticate as ``name``/``password`` (PLAIN) on every cluster.
+
+        On ``ferretdb-pg`` FerretDB passes PLAIN credentials through to PostgreSQL, which
+        checks them; this creates (or updates) that PostgreSQL role, with rights on every
+        cluster's database. ``ferretdb-sqlite`` accepts any PLAIN credentials, so there is
+        nothing to do; ``mongod`` and ``docker`` run without access control and get no user.
+
+        Example::
+
+            >>> clusters.create_user("feed", "s3cret")  # doctest: +SKIP
+            >>> pymongo.MongoClient(f"mongodb://feed:s3cret@127.0.0.1:{port}/?authMechanism=PLAIN")  # doctest: +SKIP
+        """
+        if self.backend != "ferretdb-pg":
+            logger.debug("create_user: nothing to do on %s", self.backend)
+            return
+        if self.postgres is None or not self.postgres.alive:
+            raise HarnessError("create_user: start the clusters first")
+        self.postgres.create_user(name, password, databases=self.names)
+
+    def __enter__(self) -> LocalClusters:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _root(self) -> Path:
+        if self.base_dir is None:
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="feedrouter-clusters-"))
+            os.chmod(self._temp_dir, 0o711)  # PostgreSQL's own user must reach postgres/ in it
+            return self._temp_dir
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        return self.base_dir.resolve()
+
+    def _start_processes(self) -> None:
+        if self.backend == "mongod":
+            found = shutil.which("mongod")
+            if not found:
+                raise HarnessError("'mongod' is not on PATH")
+            binary = Path(found)
+        else:
+            binary = ensure_ferretdb()
+        root = self._root()
+        if self.backend == "ferretdb-pg":
+            self.postgres = LocalPostgres.create(
+                root / POSTGRES_DIR,
+                log_path=root / POSTGRES_LOG,
+                detached=self.detached,
+                max_connections=100 * self.count + 20,  # FerretDB pools: 50 a role, 2 roles
+            )
+            self.postgres.start(databases=self.names, timeout=self.timeout)
+        for name, port in zip(self.names, self.ports or free_ports(self.count), strict=True):
+            data_dir = root / name
+            url = None if self.postgres is None else self.postgres.url(name)
+            server = LocalServer(
+                name=name,
+                port=port,
+                uri=f"mongodb://127.0.0.1:{port}",
+                data_dir=data_dir,
+                backend=self.backend,
+                command=server_command(
+                    self.backend, data_dir=data_dir, port=port, binary=binary, postgresql_url=url
+                ),
+                detached=self.detached,
+                extra_logs=() if self.postgres is None else (self.postgres.log_path,),
+            )
+            self.servers.append(server)
+            server._spawn()
+        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
+            futures = [
+                pool.submit(server._wait_ready, timeout=self.timeout) for server in self.servers
+            ]
+            for future in futures:
+                future.result()
+
+    def _start_docker(self) -> None:
+        try:
+            from testcontainers.mongodb import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
+                MongoDbContainer,
+            )
+        except ImportError as exc:
+            raise HarnessError(
+                "backend 'docker' needs the testcontainers package "
+                "(pip install 'testcontainers[mongodb]') and a Docker engine"
+            ) from exc
+        if self.detached:
+            raise HarnessError("backend 'docker' cannot start detached servers; use `run`")
+        root = self._root()
+        for name in self.names:
+            container = MongoDbContainer("mongo:7")
+            try:
+                container.start()
+            except Exception as exc:
+                raise HarnessError(f"{name}: cannot start mongo:7 container: {exc}") from exc
+            port = int(container.get_exposed_port(27017))
+            self.servers.append(
+                LocalServer(
+                    name=name,
+                    port=port,
+                    uri=str(container.get_connection_url()),
+                    data_dir=root / name,
+                    backend="docker",
+                    container=container,
+                )
+            )
