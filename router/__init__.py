@@ -1,4 +1,4 @@
-"""feed-router: store and read fan-out-on-write feeds across MongoDB clusters split by time.
+"""feed-router: store and read social feeds across MongoDB clusters split by time.
 
 Example::
 
@@ -8,11 +8,18 @@ Example::
         feeds.write(FeedItem(receiver_id=7, sender_id=3, event_time=now, type=1,
                              data={"fabula_id": 42}, data_key=data_key("fabula", 42)))
         page = feeds.read(7)
+
+``AsyncFeedRouter`` offers the same operations as coroutines, on pymongo's
+``AsyncMongoClient``. Both run the same I/O-free core (:mod:`router.core`).
 """
 
 import logging
 
+from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
+from .core.checkpoint import JobStatus
+from .core.social import BackfillResult, PublishResult
+from .core.tally import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
     ClusterRetired,
@@ -24,61 +31,75 @@ from .errors import (
     FanOutFailed,
     InvalidCursor,
     InvalidItem,
+    ItemRefused,
     MetadataError,
     MigrationError,
     NoClusterForTime,
     PeriodChangeRefused,
     RolloverError,
+    RouterClosed,
     RouterError,
     StaleMetadata,
+    UpdateFailed,
     WriteFailed,
 )
-from .fanout import Activity, FanOutExecutor, FanOutHandle, FanOutProgress, FanOutResult
-from .ids import copy_id, data_key, object_id_for
-from .model import ClusterMeta, FeedItem, Page
-from .router import FeedRouter
+from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle
+from .fanout.threads import FanOutExecutor, FanOutHandle
+from .ids import copy_id, data_key, object_id_for, outbox_id
+from .model import Activity, ClusterMeta, FeedItem, Page
+from .sync import FeedRouter
 from .timemap import ReadWindow, TimeMap
 
 __all__ = [
     "Activity",
+    "AsyncFanOutExecutor",
+    "AsyncFanOutHandle",
+    "AsyncFeedRouter",
+    "BackfillResult",
+    "ClusterConfig",
+    "ClusterMeta",
     "ClusterRetired",
+    "ClusterUnavailable",
+    "ConfigError",
+    "ConfigProblem",
+    "DeleteFailed",
     "FanOutConflict",
     "FanOutExecutor",
     "FanOutFailed",
     "FanOutHandle",
     "FanOutProgress",
     "FanOutResult",
-    "MigrationError",
-    "PeriodChangeRefused",
-    "RolloverError",
-    "StaleMetadata",
-    "copy_id",
-    "ClusterConfig",
-    "ClusterMeta",
-    "ClusterUnavailable",
-    "ConfigError",
-    "ConfigProblem",
-    "DeleteFailed",
     "FeedItem",
     "FeedRouter",
     "InvalidCursor",
     "InvalidItem",
+    "ItemRefused",
+    "JobStatus",
     "MetadataError",
+    "MigrationError",
     "NoClusterForTime",
     "Page",
+    "PeriodChangeRefused",
     "Position",
+    "PublishResult",
     "ReadWindow",
+    "RolloverError",
+    "RouterClosed",
     "RouterConfig",
     "RouterError",
+    "StaleMetadata",
     "TimeMap",
+    "UpdateFailed",
     "WriteFailed",
     "__version__",
+    "copy_id",
     "data_key",
     "load_config",
     "object_id_for",
+    "outbox_id",
     "parse_config",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -12,18 +12,18 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__
-from .clusters import Cluster, Clusters
+from .admin.migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
+from .admin.periods import apply_period, plan_period, retire
+from .admin.rollover import RolloverScheduler, default_owner, do_rollover
 from .config import RouterConfig, load_config
 from .errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
 from .model import ClusterMeta
-from .migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
-from .periods import apply_period, plan_period, retire
-from .rollover import RolloverScheduler, default_owner, do_rollover
+from .storage.clusters import Cluster, Clusters
 from .timemap import TimeMap, format_period
 
 __all__ = ["main"]

@@ -15,11 +15,15 @@ Example file::
       max_age: 400d                # and/or periods that ended less than 400 days ago
     read:
       on_unavailable: raise        # or partial: serve what the reachable clusters hold
+      max_pull: 1000               # the most senders one read may pull from outboxes
+    fanout:
+      pull_threshold: 100000       # publish(): authors with more followers are pulled, not pushed
     write:
       batch_size: 1000             # documents per insert_many
       retries: 2                   # extra attempts after a transient network error
       retry_backoff: 100ms         # first backoff, doubled each retry, jittered
     refresh_interval: 60s          # how often every router reloads the metadata
+    timeout: 10s                   # the longest any call waits for a cluster (retries included)
     clusters:
       - name: cluster_1
         uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
@@ -213,7 +217,10 @@ class RouterConfig:
     write_retries: int = 2
     retry_backoff: timedelta = timedelta(milliseconds=100)
     on_unavailable: str = "raise"
+    max_pull: int = 1000
+    pull_threshold: int | None = None
     refresh_interval: timedelta = timedelta(seconds=60)
+    timeout: timedelta = timedelta(seconds=10)
     rollover: RolloverConfig | None = None
     source: str = "<config>"
 
@@ -317,7 +324,10 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     if root is None:
         raise ConfigError([ConfigProblem(source, 0, 0, "", "the file is empty; it needs at least a 'clusters' list")])
     top = r.mapping(
-        root, "", {"database", "collections", "read_window", "read", "write", "refresh_interval", "rollover", "clusters"}
+        root, "", {
+            "database", "collections", "read_window", "read", "write", "fanout", "refresh_interval", "timeout", "rollover",
+            "clusters",
+        }
     )
     if top is None:
         raise ConfigError(r.problems)
@@ -342,8 +352,14 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
             kwargs["write_retries"] = r.integer(write["retries"], "write.retries", minimum=0)
         if "retry_backoff" in write:
             kwargs["retry_backoff"] = _duration(r, write["retry_backoff"], "write.retry_backoff")
+    if "fanout" in top:
+        fanout = r.mapping(top["fanout"], "fanout", {"pull_threshold"}) or {}
+        if "pull_threshold" in fanout:
+            kwargs["pull_threshold"] = r.integer(fanout["pull_threshold"], "fanout.pull_threshold", minimum=1)
     if "read" in top:
-        read = r.mapping(top["read"], "read", {"on_unavailable"}) or {}
+        read = r.mapping(top["read"], "read", {"on_unavailable", "max_pull"}) or {}
+        if "max_pull" in read:
+            kwargs["max_pull"] = r.integer(read["max_pull"], "read.max_pull", minimum=1)
         if "on_unavailable" in read:
             policy = r.value(read["on_unavailable"], "read.on_unavailable")
             if policy in ("raise", "partial"):
@@ -359,6 +375,8 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         clusters = _clusters(r, top["clusters"])
     if "refresh_interval" in top:
         kwargs["refresh_interval"] = _duration(r, top["refresh_interval"], "refresh_interval")
+    if "timeout" in top:
+        kwargs["timeout"] = _duration(r, top["timeout"], "timeout")
     if "rollover" in top:
         kwargs["rollover"] = _rollover(r, top["rollover"], {c.name for c in clusters}, bool(clusters))
     if r.problems:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
-from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -41,10 +41,16 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 @attrs.frozen
 class Position:
-    """The sort key of one stored item: where the next page starts (exclusive)."""
+    """The sort key of one item served: where the next page starts (exclusive).
+
+    ``skip`` (pulled reads only) counts the pulled outbox entries at exactly
+    ``event_time`` that sort at or before this position: the next page asks for that
+    many more, since the store cannot sort them the way the page does.
+    """
 
     event_time: datetime
     id: ObjectId
+    skip: int = 0
 
     def older_filter(self) -> dict[str, Any]:
         """The query clause for items strictly after this position in newest-first order."""
@@ -94,15 +100,21 @@ _V2 = "c2."
 _POS = _LAYOUT
 
 
+_SKIP = struct.Struct(">I")
+
+
 def _pack_position(position: Position | None) -> bytes:
     if position is None:
         return b"\x00"
-    return b"\x01" + _POS.pack(_to_ms(position.event_time), position.id.binary)
+    packed = _POS.pack(_to_ms(position.event_time), position.id.binary)
+    if position.skip:
+        return b"\x02" + packed + _SKIP.pack(min(position.skip, 2**32 - 1))
+    return b"\x01" + packed
 
 
 def encode_state(state: CursorState) -> str:
     """The cursor string for *state* (a plain ``c1.`` cursor when nothing is pending)."""
-    if not state.pending and not state.done and state.position is not None:
+    if not state.pending and not state.done and state.position is not None and not state.position.skip:
         return encode_cursor(state.position)
     parts = [bytes([1 if state.done else 0]), _pack_position(state.position), bytes([len(state.pending)])]
     for name, position in state.pending:
@@ -131,10 +143,14 @@ def decode_state(cursor: str) -> CursorState:
             return chunk
 
         def position() -> Position | None:
-            if take(1) == b"\x00":
+            flag = take(1)
+            if flag == b"\x00":
                 return None
+            if flag not in (b"\x01", b"\x02"):
+                raise ValueError("bad position flag")
             ms, oid = _POS.unpack(take(_POS.size))
-            return Position(_EPOCH + timedelta(milliseconds=ms), ObjectId(oid))
+            skip = _SKIP.unpack(take(_SKIP.size))[0] if flag == b"\x02" else 0
+            return Position(_EPOCH + timedelta(milliseconds=ms), ObjectId(oid), skip)
 
         done = take(1) == b"\x01"
         main = position()

@@ -6,9 +6,11 @@ Branches are shallow. Errors about the caller's input also derive from
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+import attrs
 
 __all__ = [
     "RouterError",
@@ -28,6 +30,9 @@ __all__ = [
     "RolloverError",
     "FanOutFailed",
     "FanOutConflict",
+    "ItemRefused",
+    "RouterClosed",
+    "UpdateFailed",
 ]
 
 
@@ -124,16 +129,37 @@ class InvalidItem(RouterError, ValueError):
         super().__init__(f"{prefix}: {message}")
 
 
+class ItemRefused(InvalidItem):
+    """Raised (in ``WriteFailed.failed``) for an item a cluster refused for itself: its content or its chosen ``_id``.
+
+    ``cluster`` names the cluster and ``code`` is the server's error code (11000 when a
+    caller-chosen ``_id`` already holds another item). The other items of the call are
+    not affected; writing this one again will be refused again.
+    """
+
+    def __init__(self, cluster: str, code: int | None, message: str) -> None:
+        self.cluster = cluster
+        self.code = code
+        super().__init__("item", f"refused by cluster {cluster!r} (code {code}): {message}")
+
+
+class RouterClosed(RouterError):
+    """Raised by a call made after ``close()`` began; calls already running when it began complete first."""
+
+
 class InvalidCursor(RouterError, ValueError):
     """Raised when a page cursor string was not produced by this router version."""
 
 
 class WriteFailed(RouterError):
-    """Raised when some items of a ``write_many`` were not written.
+    """Raised when some items of a ``write_many`` were not written, or their outcome is unknown.
 
-    ``failed`` maps the index of every item that was *not* written to the reason;
-    ``ids`` holds, in input order, the ``_id`` of each item (written or not): the
-    items whose index is not in ``failed`` are stored.
+    ``failed`` maps the index of every item not confirmed written to the reason (a
+    :class:`ClusterUnavailable` naming the cluster, or :class:`ItemRefused`); ``ids``
+    holds, in input order, the ``_id`` each item was given: the items whose index is not
+    in ``failed`` are stored under it. To repeat the write safely, write
+    :meth:`unwritten` (the failed items carrying those ids): an item the first attempt
+    did store is then found, not stored twice.
     """
 
     def __init__(self, failed: Mapping[int, BaseException], ids: list[Any]) -> None:
@@ -144,12 +170,22 @@ class WriteFailed(RouterError):
         more = f" (and {len(self.failed) - len(first)} more)" if len(self.failed) > len(first) else ""
         super().__init__(f"{len(self.failed)} of {len(ids)} items not written: {shown}{more}")
 
+    def unwritten(self, items: Sequence[Any]) -> list[Any]:
+        """The items of the failed call (pass them in the order given) not confirmed written, each with its ``_id``
+        set, ready to be written again without a second copy (items refused for themselves are left out)."""
+        return [
+            attrs.evolve(items[i], id=self.ids[i])
+            for i in sorted(self.failed)
+            if not isinstance(self.failed[i], ItemRefused)
+        ]
+
 
 class DeleteFailed(RouterError):
     """Raised when a delete could not reach every cluster.
 
     ``deleted`` counts the copies removed from the clusters that answered;
     ``failed`` maps each cluster that did not answer to its :class:`ClusterUnavailable`.
+    Running the same delete again finishes it.
     """
 
     def __init__(self, deleted: int, failed: Mapping[str, ClusterUnavailable]) -> None:
@@ -157,6 +193,21 @@ class DeleteFailed(RouterError):
         self.failed = dict(failed)
         names = ", ".join(sorted(self.failed))
         super().__init__(f"delete reached only part of the clusters ({deleted} removed); failed: {names}")
+
+
+class UpdateFailed(RouterError):
+    """Raised when an update could not reach every cluster.
+
+    ``updated`` counts the documents changed in the clusters that answered; ``failed``
+    maps each cluster that did not answer to its :class:`ClusterUnavailable`. Running
+    the same update again finishes it (documents already changed are skipped).
+    """
+
+    def __init__(self, updated: int, failed: Mapping[str, ClusterUnavailable]) -> None:
+        self.updated = updated
+        self.failed = dict(failed)
+        names = ", ".join(sorted(self.failed))
+        super().__init__(f"update reached only part of the clusters ({updated} changed); failed: {names}")
 
 
 class MigrationError(RouterError):

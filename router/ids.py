@@ -213,3 +213,25 @@ def copy_ids(seconds: int, data_key: str, receivers: Sequence[int | str]) -> lis
 
 
 __all__ += ["copy_key", "copy_id", "copy_ids"]
+
+
+def outbox_id(seconds: int, data_key: str) -> ObjectId:
+    """The deterministic ``_id`` of the outbox entry of item *data_key* at event second *seconds*.
+
+    Publishing the same activity again is a duplicate-key no-op: one outbox entry per
+    (data_key, event second). Layout as :func:`copy_id`, hashing ``f"{len(key)}:{key}o"``.
+
+    Example::
+
+        >>> outbox_id(1462096800, "k") == outbox_id(1462096800, "k")
+        True
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds < 2**32:
+        raise InvalidItem("seconds", f"must be an int in [0, 2**32), an ObjectId timestamp (got {seconds!r})")
+    if not isinstance(data_key, str) or not 0 < len(data_key) <= MAX_ID_CHARS:
+        raise InvalidItem("data_key", f"{TEXT_RULE} (got {data_key!r:.80})")
+    key = f"{len(data_key)}:{data_key}o".encode("utf-8", "surrogatepass")
+    return _wrap(seconds.to_bytes(4, "big") + mmh3.hash_bytes(key)[:8])
+
+
+__all__ += ["outbox_id"]

@@ -1,10 +1,15 @@
-"""The values the router stores and returns: feed items, cluster metadata and pages.
+"""The values the router stores and returns, and the one definition of each stored document.
 
 Pure module: no pymongo import beyond the ``bson`` value types.
 
-A stored feed item is exactly this document (one copy per receiver)::
+A feed copy (one per receiver, in the ``feed`` collection) and an outbox entry (one per
+published activity, in ``outbox``) are stored as exactly::
 
-    {_id, data_key, receiver_id, sender_id, event_time, type, data}
+    feed:   {_id, data_key, receiver_id, sender_id, event_time, type, data}
+    outbox: {_id, data_key, sender_id, event_time, type, data}
+
+Every writer builds them with :func:`item_documents`, :func:`copy_documents` or
+:func:`outbox_document`; :meth:`FeedItem.from_document` is the mirror.
 
 Times are timezone-aware UTC everywhere. BSON keeps milliseconds, so an
 ``event_time`` read back is the written one truncated to the millisecond.
@@ -12,41 +17,47 @@ Times are timezone-aware UTC everywhere. BSON keeps milliseconds, so an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
-import bson
 from bson import ObjectId
-from bson.errors import InvalidDocument
 
 from .errors import InvalidItem
 
 __all__ = [
-    "FeedItem", "ClusterMeta", "Page", "FEED_FIELDS", "to_utc", "event_timestamp", "check_item", "key_problem",
-    "MAX_ID_CHARS", "MAX_DATA_BYTES", "MAX_DATA_DEPTH",
+    "Activity",
+    "ClusterMeta",
+    "FEED_FIELDS",
+    "FeedItem",
+    "ID_RULE",
+    "MAX_ID_CHARS",
+    "OUTBOX_FIELDS",
+    "Page",
+    "TEXT_RULE",
+    "copy_documents",
+    "event_timestamp",
+    "is_id",
+    "is_text",
+    "item_documents",
+    "outbox_document",
+    "to_utc",
+    "utcnow",
 ]
 
 UTC = timezone.utc
 #: The fields of a stored feed document, in storage order.
 FEED_FIELDS = ("_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data")
+#: The fields of a stored outbox document, in storage order.
+OUTBOX_FIELDS = ("_id", "data_key", "sender_id", "event_time", "type", "data")
 #: An ObjectId's timestamp is 4 unsigned bytes of UTC seconds.
 MAX_OBJECTID_SECONDS = 2**32
 #: The longest str accepted for ``receiver_id``, ``sender_id``, ``type`` and ``data_key`` (characters).
 MAX_ID_CHARS = 1024
-#: The most ``data`` may take as BSON: MongoDB's 16 MiB document limit less room for the other
-#: fields, which :data:`MAX_ID_CHARS` bounds to well under 64 KiB together.
-MAX_DATA_BYTES = 16 * 1024 * 1024 - 64 * 1024
-#: How deep ``data`` may nest (mappings and lists); MongoDB refuses documents nested past 100 levels.
-MAX_DATA_DEPTH = 64
+ID_RULE = f"must be a 64-bit int or a non-empty UTF-8 str of at most {MAX_ID_CHARS} characters"
+TEXT_RULE = f"must be a non-empty UTF-8 str of at most {MAX_ID_CHARS} characters"
 _INT64 = (-(2**63), 2**63)
-_LONG_STR = 64 * 1024
-_FLAT_KEYS = 64
-#: ``data`` keys already found valid: the usual payload repeats a handful of keys, and a set
-#: lookup is cheaper than the three checks. Bounded; cleared when full.
-_GOOD_KEYS: set[str] = set()
-_GOOD_KEYS_MAX = 4096
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -64,7 +75,9 @@ class FeedItem:
 
     Fields are checked when the item is written (``FeedRouter.write``), not when
     it is built, so bulk writes pay for one check per item. ``id`` is ``None`` for
-    an item not yet stored and the stored ``_id`` for one read back.
+    an item not yet stored (the router makes one) and the stored ``_id`` for one read
+    back. Set it to write with a chosen ``_id``: to repeat a write whose outcome was
+    unknown (``WriteFailed.ids``) without storing a second copy.
     """
 
     receiver_id: int | str
@@ -77,19 +90,11 @@ class FeedItem:
 
     def to_document(self, oid: ObjectId) -> dict[str, Any]:
         """The stored document for this item under ``_id`` *oid*."""
-        return {
-            "_id": oid,
-            "data_key": self.data_key,
-            "receiver_id": self.receiver_id,
-            "sender_id": self.sender_id,
-            "event_time": self.event_time,
-            "type": self.type,
-            "data": self.data,
-        }
+        return item_documents((self,), (oid,))[0]
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> FeedItem:
-        """Build an item from a stored document (as returned by a tz-aware client)."""
+        """Build an item from a stored feed document (as returned by a tz-aware client)."""
         return cls(
             receiver_id=doc["receiver_id"],
             sender_id=doc["sender_id"],
@@ -99,6 +104,114 @@ class FeedItem:
             data_key=doc["data_key"],
             id=doc["_id"],
         )
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Activity:
+    """What every receiver gets a copy of: a :class:`FeedItem` without its receiver.
+
+    Example::
+
+        activity = Activity(sender_id=1000765, event_time=datetime.now(timezone.utc), type=1,
+                            data={"fabula_id": 1000983}, data_key=data_key("fabula", 1000983))
+        activity.for_receiver(1000386)     # the FeedItem one receiver gets
+
+    Fields are checked when it is published or fanned out, with the same rules as a FeedItem.
+    """
+
+    sender_id: int | str
+    event_time: datetime
+    type: int | str
+    data: Mapping[str, Any]
+    data_key: str
+
+    def for_receiver(self, receiver_id: int | str, *, id: ObjectId | None = None) -> FeedItem:
+        """The feed item *receiver_id* gets."""
+        return FeedItem(
+            receiver_id=receiver_id,
+            sender_id=self.sender_id,
+            event_time=self.event_time,
+            type=self.type,
+            data=self.data,
+            data_key=self.data_key,
+            id=id,
+        )
+
+    @classmethod
+    def from_item(cls, item: FeedItem) -> Activity:
+        """The activity of an item already written for one receiver (say, the author's own copy)."""
+        return cls(
+            sender_id=item.sender_id,
+            event_time=item.event_time,
+            type=item.type,
+            data=item.data,
+            data_key=item.data_key,
+        )
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> Activity:
+        """Build an activity from a stored outbox document."""
+        return cls(
+            sender_id=doc["sender_id"], event_time=doc["event_time"], type=doc["type"], data=doc["data"],
+            data_key=doc["data_key"],
+        )
+
+
+def item_documents(items: Sequence[FeedItem], ids: Iterable[ObjectId]) -> list[dict[str, Any]]:
+    """The feed documents of *items*, each under its id from *ids* (the write path's builder)."""
+    return [
+        {
+            "_id": oid,
+            "data_key": item.data_key,
+            "receiver_id": item.receiver_id,
+            "sender_id": item.sender_id,
+            "event_time": item.event_time,
+            "type": item.type,
+            "data": item.data,
+        }
+        for item, oid in zip(items, ids)
+    ]
+
+
+def copy_documents(
+    ids: Iterable[ObjectId], receivers: Iterable[int | str], activity: Activity, *, data: Any = None
+) -> list[dict[str, Any]]:
+    """The feed documents of one activity's copies, receiver by receiver (fan-out and backfill).
+
+    *data* replaces ``activity.data`` when given: fan-out passes it encoded to BSON once,
+    shared by every copy.
+    """
+    key, sender, event_time, kind = activity.data_key, activity.sender_id, activity.event_time, activity.type
+    shared = activity.data if data is None else data
+    return [
+        {
+            "_id": oid,
+            "data_key": key,
+            "receiver_id": receiver,
+            "sender_id": sender,
+            "event_time": event_time,
+            "type": kind,
+            "data": shared,
+        }
+        for oid, receiver in zip(ids, receivers)
+    ]
+
+
+def outbox_document(oid: ObjectId, activity: Activity) -> dict[str, Any]:
+    """The outbox document of *activity* under ``_id`` *oid*."""
+    return {
+        "_id": oid,
+        "data_key": activity.data_key,
+        "sender_id": activity.sender_id,
+        "event_time": activity.event_time,
+        "type": activity.type,
+        "data": activity.data,
+    }
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the routers' default clock)."""
+    return datetime.now(UTC)
 
 
 def to_utc(value: object, *, field: str = "event_time", index: int | None = None) -> datetime:
@@ -147,7 +260,7 @@ def event_timestamp(value: object, *, field: str = "event_time", index: int | No
     return ts
 
 
-def is_text(value: object) -> bool:
+def is_text(value: object) -> TypeGuard[str]:
     """A non-empty str of at most :data:`MAX_ID_CHARS` characters that UTF-8 can encode (no lone surrogates)."""
     if not isinstance(value, str) or value == "" or len(value) > MAX_ID_CHARS:
         return False
@@ -160,164 +273,11 @@ def is_text(value: object) -> bool:
     return True
 
 
-def is_id(value: object) -> bool:
+def is_id(value: object) -> TypeGuard[int | str]:
     """A receiver, sender or type value BSON can store: a 64-bit int or a :func:`is_text` str (not a bool)."""
     if isinstance(value, str):
         return is_text(value)
     return isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value < _INT64[1]
-
-
-ID_RULE = f"must be a 64-bit int or a non-empty UTF-8 str of at most {MAX_ID_CHARS} characters"
-TEXT_RULE = f"must be a non-empty UTF-8 str of at most {MAX_ID_CHARS} characters"
-
-
-def key_problem(key: object) -> str | None:
-    """Why *key* cannot be a key in ``data`` (at any depth), or ``None`` when it can.
-
-    The rule, the same for every server: a str that does not start with ``$`` and holds
-    no ``.`` and no NUL character. MongoDB and FerretDB treat such keys as operators or
-    paths, or refuse them.
-    """
-    if type(key) is not str:
-        return f"keys must be str (got key {key!r:.80})"
-    if key.startswith("$"):
-        return f"a key must not start with '$' (got {key!r:.80})"
-    if "." in key:
-        return f"a key must not contain '.' (got {key!r:.80})"
-    if "\x00" in key:
-        return f"a key must not contain NUL (got {key!r:.80})"
-    return None
-
-
-def _walk_data(data: Mapping[str, Any], index: int | None) -> None:
-    """Check every key of *data* at every depth against :func:`key_problem`, and the depth.
-
-    Iterative, so a deep or self-referencing value is refused by its depth instead of
-    exhausting the interpreter's recursion limit.
-    """
-    stack: list[tuple[Any, str, int]] = [(data, "data", 1)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_DATA_DEPTH:
-            shown = path if len(path) <= 120 else path[:117] + "..."
-            raise InvalidItem(shown, f"nests deeper than {MAX_DATA_DEPTH} levels (or contains itself)", index=index)
-        if isinstance(value, Mapping):
-            for key, sub in value.items():
-                problem = key_problem(key)
-                if problem is not None:
-                    where = f"{path}.{key:.80}" if type(key) is str else path
-                    raise InvalidItem(where, problem, index=index)
-                if isinstance(sub, (Mapping, list, tuple)):
-                    stack.append((sub, f"{path}.{key}", depth + 1))
-        else:
-            for i, sub in enumerate(value):
-                if isinstance(sub, (Mapping, list, tuple)):
-                    stack.append((sub, f"{path}[{i}]", depth + 1))
-
-
-def _check_data(data: Mapping[str, Any], index: int | None) -> None:
-    """Check ``data`` follows the key rule, nests at most :data:`MAX_DATA_DEPTH` deep and
-    encodes as BSON within :data:`MAX_DATA_BYTES`.
-
-    Flat mappings of small scalars (the usual case) are checked in place; anything
-    else is walked and then encoded once, so a bad value fails here instead of in the
-    middle of a multi-cluster write.
-    """
-    _walk_data(data, index)
-    simple = len(data) <= _FLAT_KEYS  # many keys: let the encoder measure the size
-    if simple:
-        for key, value in data.items():
-            kind = type(value)
-            if not key.isascii():
-                simple = False
-            elif kind is int:
-                simple = _INT64[0] <= value < _INT64[1]
-            elif kind is str:
-                simple = len(value) < _LONG_STR and value.isascii()
-            elif value is not None and kind is not float and kind is not bool:
-                simple = False
-            if not simple:
-                break
-    if simple:
-        return
-    try:
-        size = len(bson.encode(data))
-    except (InvalidDocument, OverflowError, TypeError, ValueError, RecursionError) as exc:
-        raise InvalidItem("data", f"cannot be stored as BSON: {exc}", index=index) from None
-    if size > MAX_DATA_BYTES:
-        raise InvalidItem("data", f"must encode to at most {MAX_DATA_BYTES} bytes of BSON (got {size})", index=index)
-
-
-_MIN64, _MAX64 = _INT64
-
-
-def check_item(item: object, index: int | None = None) -> float:
-    """Check *item* can be stored; return its ``event_time`` as UTC epoch seconds.
-
-    ``event_time`` follows :func:`event_timestamp`'s rule, ids and ``data_key``
-    :data:`ID_RULE` / :data:`TEXT_RULE`, and ``data`` :func:`_check_data`'s. Raises
-    :class:`InvalidItem` naming the field and the value.
-
-    This runs once per written item, so the usual shape (a FeedItem with a UTC
-    ``event_time``, int or short ASCII str ids, a flat dict of small scalars under keys
-    seen before) is checked inline in one call; anything else takes the detailed path,
-    which gives the error.
-    """
-    if type(item) is FeedItem:
-        et = item.event_time
-        if type(et) is datetime and et.tzinfo is UTC:
-            ts = et.timestamp()
-            r, s, t, k, d = item.receiver_id, item.sender_id, item.type, item.data_key, item.data
-            if (
-                0.0 <= ts < MAX_OBJECTID_SECONDS
-                and ((type(r) is int and _MIN64 <= r < _MAX64) or (type(r) is str and 0 < len(r) <= MAX_ID_CHARS and r.isascii()))
-                and ((type(s) is int and _MIN64 <= s < _MAX64) or (type(s) is str and 0 < len(s) <= MAX_ID_CHARS and s.isascii()))
-                and ((type(t) is int and _MIN64 <= t < _MAX64) or (type(t) is str and 0 < len(t) <= MAX_ID_CHARS and t.isascii()))
-                and type(k) is str
-                and 0 < len(k) <= MAX_ID_CHARS
-                and k.isascii()
-                and type(d) is dict
-                and len(d) <= _FLAT_KEYS  # with values under _LONG_STR, far below the size limit
-            ):
-                good = _GOOD_KEYS
-                for key, value in d.items():
-                    kind = type(value)
-                    if key not in good:
-                        if type(key) is not str or not key.isascii() or key_problem(key) is not None:
-                            break
-                        if len(good) >= _GOOD_KEYS_MAX:
-                            good.clear()
-                        good.add(key)
-                    if kind is int:
-                        if not _MIN64 <= value < _MAX64:
-                            break
-                    elif kind is str:
-                        if len(value) >= _LONG_STR or not value.isascii():
-                            break
-                    elif value is not None and kind is not float and kind is not bool:
-                        break
-                else:
-                    return ts
-    return _check_item_slowly(item, index)
-
-
-def _check_item_slowly(item: object, index: int | None) -> float:
-    """The detailed checks behind :func:`check_item`: precise errors, unusual but valid items."""
-    if type(item) is not FeedItem:
-        raise InvalidItem("item", f"must be a FeedItem (got {type(item).__name__})", index=index)
-    ts = event_timestamp(item.event_time, index=index)
-    for field in ("receiver_id", "sender_id", "type"):
-        value = getattr(item, field)
-        if not is_id(value):
-            raise InvalidItem(field, f"{ID_RULE} (got {value!r:.80})", index=index)
-    dk = item.data_key
-    if not is_text(dk):
-        raise InvalidItem("data_key", f"{TEXT_RULE} (got {dk!r:.80})", index=index)
-    data = item.data
-    if not isinstance(data, Mapping):
-        raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})", index=index)
-    _check_data(data, index)
-    return ts
 
 
 def _check_aware(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -393,10 +353,12 @@ class ClusterMeta:
 class Page:
     """One page of a receiver's feed, newest first.
 
-    ``items[i]`` was served by cluster ``sources[i]``; ``queried`` lists the clusters
-    asked, in order; ``next_cursor`` is ``None`` once the read window is exhausted.
-    A ``partial`` page left out the clusters in ``unavailable`` (they could not be
-    read); its cursor comes back for them.
+    ``items[i]`` was served by cluster ``sources[i]``, from the receiver's own feed or, with
+    ``read(..., pull=...)``, from an author's outbox (``pulled[i]`` is then true and the item's
+    ``id`` is the one its feed copy would have). ``queried`` lists the clusters asked, in
+    order; ``next_cursor`` is ``None`` once the read window is exhausted. A ``partial`` page
+    left out the clusters in ``unavailable`` (they could not be read); its cursor comes back
+    for them.
     """
 
     items: tuple[FeedItem, ...]
@@ -405,6 +367,7 @@ class Page:
     queried: tuple[str, ...] = ()
     partial: bool = False
     unavailable: tuple[str, ...] = ()
+    pulled: tuple[bool, ...] = ()
 
     def __iter__(self) -> Any:
         return iter(self.items)

@@ -39,9 +39,9 @@ from typing import Any
 import attrs
 from pymongo.errors import PyMongoError
 
-from .clusters import Capabilities, Cluster
-from .config import RouterConfig
-from .errors import MigrationError
+from ..config import RouterConfig
+from ..errors import MigrationError
+from ..storage.clusters import Capabilities, Cluster
 
 __all__ = ["Migration", "MigrationContext", "MigrationReport", "discover", "default_folder", "migrate_cluster", "MIGRATIONS_COLLECTION"]
 
@@ -67,7 +67,7 @@ def default_folder() -> Path:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parents[1] / "migrations"
+    return Path(__file__).resolve().parents[2] / "migrations"
 
 
 @attrs.frozen

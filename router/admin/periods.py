@@ -34,11 +34,11 @@ import attrs
 import pymongo
 from pymongo.errors import PyMongoError
 
-from .clusters import Clusters
-from .errors import PeriodChangeRefused
+from ..errors import PeriodChangeRefused
+from ..model import ClusterMeta, to_utc
+from ..storage.clusters import Clusters
+from ..timemap import TimeMap, format_period
 from .migrate import Migration, migrate_cluster
-from .model import ClusterMeta, to_utc
-from .timemap import TimeMap, format_period
 
 __all__ = ["PeriodChange", "plan_period", "apply_period", "stored_outside", "retire"]
 

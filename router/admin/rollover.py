@@ -43,10 +43,10 @@ import attrs
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
-from .boundaries import next_boundary
-from .clusters import Clusters
-from .config import RolloverConfig, RouterConfig
-from .errors import ClusterUnavailable, PeriodChangeRefused, RolloverError
+from ..boundaries import next_boundary
+from ..config import RolloverConfig, RouterConfig
+from ..errors import ClusterUnavailable, PeriodChangeRefused, RolloverError
+from ..storage.clusters import Clusters
 from .migrate import Migration, applied_migrations, discover
 from .periods import PeriodChange, apply_period, plan_period, stored_outside
 

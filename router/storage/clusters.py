@@ -1,47 +1,54 @@
-"""Connections to the configured clusters, and what each one says about itself.
+"""The synchronous storage: one ``MongoClient`` per cluster, and the driver that runs core programs on them.
 
-One :class:`pymongo.MongoClient` per cluster (clients are thread-safe and pool
-their connections). :class:`Clusters` loads every cluster's ``metadata``
-document concurrently and builds the :class:`~router.timemap.TimeMap`, reporting
-every problem at once. Driver errors leave this module as
-:class:`~router.errors.ClusterUnavailable` naming the cluster, never its URI.
+:class:`Cluster` carries out one request of the core (:mod:`router.core.steps`) against its
+client, under ``pymongo.timeout`` set to what is left of the request's deadline, and
+answers with values: driver errors come back classified (:func:`~router.storage.errors.classify`),
+never as exceptions. :class:`Clusters` runs whole programs: sub-programs that must run
+at the same time go to each cluster's own small thread pool, so a hung cluster ties up
+only its own threads.
+
+Example::
+
+    with Clusters(load_config("clusters.yaml")) as clusters:
+        timemap = clusters.load_timemap()
+        clusters.run(some_program)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Collection as AnyCollection
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import attrs
+import pymongo
 from pymongo import MongoClient
 from pymongo.collection import Collection
-from bson import ObjectId
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
-from .config import ClusterConfig, RouterConfig, redact_uri, uri_password
-from .errors import ClusterUnavailable, InvalidItem, MetadataError
-from .model import ClusterMeta
-from .timemap import TimeMap
+from ..config import ClusterConfig, RouterConfig, uri_password
+from ..core.metadata import inspect_metadata, load_timemap, read_metadata
+from ..core.policy import deadline_in
+from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Request, Sleep, Update
+from ..errors import ClusterUnavailable, InvalidItem, RouterError
+from ..model import ClusterMeta
+from ..timemap import TimeMap
+from .errors import driver_error
+from .requests import IORequest, call_for, failed, late, time_left, unknown
 
-__all__ = ["Cluster", "Clusters", "Capabilities", "driver_error", "DUPLICATE_KEY", "TRANSIENT_WRITE_CODES"]
-
-#: FerretDB (SQLite backend) error text for a statement with more than 32,766 parameters.
-_TOO_MANY_VARIABLES = "too many SQL variables"
-#: The server's duplicate key error code.
-DUPLICATE_KEY = 11000
-#: The server's error code for a command it does not know.
-COMMAND_NOT_FOUND = 59
-#: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
-TRANSIENT_WRITE_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
+__all__ = ["COMMAND_NOT_FOUND", "DEFAULT_OPTIONS", "Capabilities", "Cluster", "Clusters", "client_options", "collection_names"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml. Every
-#: wait is bounded: finding a server, opening a connection, and each socket read.
+#: The server's error code for a command it does not know.
+COMMAND_NOT_FOUND = 59
+#: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml. Every wait is
+#: bounded: finding a server, opening a connection, each socket read; and every request
+#: of a call by the call's deadline (``timeout`` in clusters.yaml).
 DEFAULT_OPTIONS: dict[str, Any] = {
     "serverSelectionTimeoutMS": 5000,
     "connectTimeoutMS": 5000,
@@ -50,19 +57,17 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
-def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterUnavailable:
-    """A :class:`ClusterUnavailable` for a driver error, with any URI password redacted.
+def client_options(spec: ClusterConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keyword arguments for this cluster's client (sync or async): defaults, then its options."""
+    return {**DEFAULT_OPTIONS, **spec.options, **(extra or {}), "tz_aware": True}
 
-    *secrets* (the cluster's configured password) are masked word for word as well.
-    Raise it ``from exc`` so the driver's traceback stays attached.
-    """
-    text = redact_uri(str(exc).split("\n", 1)[0])
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")
+
+def collection_names(config: RouterConfig) -> dict[str, str]:
+    """The configured name of each collection role the core uses."""
+    return {
+        "feed": config.feed_collection, "metadata": config.metadata_collection, "outbox": "outbox", "fanouts": "fanouts",
+        "fanout_batches": "fanout_batches",
+    }
 
 
 @attrs.frozen
@@ -88,22 +93,26 @@ class Cluster:
         cluster.feed.count_documents({})
     """
 
-    def __init__(self, spec: ClusterConfig, config: RouterConfig) -> None:
+    def __init__(self, spec: ClusterConfig, config: RouterConfig, *, extra_options: dict[str, Any] | None = None) -> None:
         self.name = spec.name
         self.spec = spec
         #: The password of this cluster (from the URI or the options), masked in every message.
         self.secrets: tuple[str, ...] = tuple(x for x in (uri_password(spec.uri), spec.options.get("password")) if x)
-        options = {**DEFAULT_OPTIONS, **spec.options, "tz_aware": True}
         try:
-            self.client: MongoClient[dict[str, Any]] = MongoClient(spec.uri, **options)
+            self.client: MongoClient[dict[str, Any]] = MongoClient(spec.uri, **client_options(spec, extra_options))
         except (ConfigurationError, ValueError, TypeError) as exc:
             raise self.error(exc, doing="configuring the client") from exc
         db = self.client[config.database]
-        self.feed: Collection[dict[str, Any]] = db[config.feed_collection]
-        self.metadata: Collection[dict[str, Any]] = db[config.metadata_collection]
+        self._collections = {role: db[name] for role, name in collection_names(config).items()}
+        self.feed: Collection[dict[str, Any]] = self._collections["feed"]
+        self.metadata: Collection[dict[str, Any]] = self._collections["metadata"]
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
+
+    def collection(self, role: str) -> Collection[dict[str, Any]]:
+        """The collection playing *role* (``feed``, ``outbox``, ``fanouts``, ``metadata``)."""
+        return self._collections[role]
 
     def error(self, exc: BaseException, *, doing: str) -> ClusterUnavailable:
         """:func:`driver_error` for this cluster, with its configured password masked too."""
@@ -115,6 +124,18 @@ class Cluster:
             return fn()
         except PyMongoError as exc:
             raise self.error(exc, doing=doing) from exc
+
+    def execute(self, request: IORequest) -> Any:
+        """Carry out one core request within what is left of its deadline; answer with a value, never raise."""
+        left = time_left(request, self.client)
+        if left <= 0:
+            return late(request, self.name)
+        call, answer = call_for(request, self._collections[request.collection])
+        try:
+            with pymongo.timeout(left):
+                return answer(call())
+        except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
+            return failed(request, exc, self.name, self.secrets)
 
     def ping(self) -> None:
         """Round-trip to the server; raise :class:`ClusterUnavailable` if it does not answer."""
@@ -138,44 +159,6 @@ class Cluster:
             version=str(info.get("ferretdbVersion") if ferret else info.get("version")),
         )
 
-    def delete_copies(self, data_key: str) -> int:
-        """Delete every feed document with *data_key*; return how many.
-
-        FerretDB's SQLite backend refuses a delete matching more than 32,766 documents
-        ("too many SQL variables"). On that error only, the copies are deleted in
-        ``_id`` ranges, each range halved until it fits. MongoDB never takes this path.
-        """
-        try:
-            return int(self.feed.delete_many({"data_key": data_key}).deleted_count)
-        except OperationFailure as exc:
-            if _TOO_MANY_VARIABLES not in str(exc):
-                raise self.error(exc, doing="delete_many") from exc
-        except PyMongoError as exc:
-            raise self.error(exc, doing="delete_many") from exc
-        log.info("cluster %s: too many copies of %s for one delete on this server; deleting in _id ranges", self.name, data_key)
-
-        def bound(sort: int) -> int | None:
-            doc = self.call("finding copies", lambda: self.feed.find_one({"data_key": data_key}, sort=[("_id", sort)], projection={"_id": 1}))
-            return None if doc is None else int.from_bytes(doc["_id"].binary, "big")
-
-        low, high = bound(1), bound(-1)
-        if low is None or high is None:
-            return 0
-        deleted, ranges = 0, [(low, high)]
-        while ranges:
-            lo, hi = ranges.pop()
-            query = {"data_key": data_key, "_id": {"$gte": ObjectId(lo.to_bytes(12, "big")), "$lte": ObjectId(hi.to_bytes(12, "big"))}}
-            try:
-                deleted += int(self.feed.delete_many(query).deleted_count)
-            except OperationFailure as exc:
-                if _TOO_MANY_VARIABLES not in str(exc) or lo >= hi:
-                    raise self.error(exc, doing="delete_many by _id range") from exc
-                mid = (lo + hi) // 2
-                ranges += [(lo, mid), (mid + 1, hi)]
-            except PyMongoError as exc:
-                raise self.error(exc, doing="delete_many by _id range") from exc
-        return deleted
-
     def metadata_documents(self) -> list[dict[str, Any]]:
         """Every document in this cluster's metadata collection (a valid cluster has one)."""
         return self.call("reading metadata", lambda: list(self.metadata.find({}, limit=10)))
@@ -193,7 +176,7 @@ class Cluster:
 
 
 class Clusters:
-    """Every configured cluster, with a thread pool to ask them all at once.
+    """Every configured cluster, with one small thread pool each; runs core programs.
 
     Example::
 
@@ -204,17 +187,19 @@ class Clusters:
     #: Threads per cluster for concurrent calls (writes, deletes, metadata reads).
     WORKERS_PER_CLUSTER = 4
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(
+        self, config: RouterConfig, *, refresh: Callable[[], Any] | None = None, extra_options: dict[str, Any] | None = None
+    ) -> None:
         self.config = config
+        self._refresh = refresh
         self._by_name: dict[str, Cluster] = {}
         self._pools: dict[str, ThreadPoolExecutor] = {}
         try:
             for spec in config.clusters:
-                self._by_name[spec.name] = Cluster(spec, config)
+                self._by_name[spec.name] = Cluster(spec, config, extra_options=extra_options)
         except ClusterUnavailable:
             self.close()
             raise
-        # One small pool per cluster: a slow or hung cluster ties up only its own threads.
         self._pools = {
             name: ThreadPoolExecutor(max_workers=self.WORKERS_PER_CLUSTER, thread_name_prefix=f"feed-router-{name}")
             for name in self._by_name
@@ -234,13 +219,60 @@ class Clusters:
         """The cluster names in configuration order."""
         return list(self._by_name)
 
+    # -- running core programs ------------------------------------------------------------
+
+    def run(self, program: Program[T]) -> T:
+        """Drive *program* to its end in this thread, answering each request; return its value."""
+        reply: Any = None
+        while True:
+            try:
+                request = program.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            reply = self._answer(request)
+
+    def _answer(self, request: Request) -> Any:
+        if isinstance(request, (Find, Count, Insert, Delete, Update)):
+            cluster = self._by_name.get(request.cluster)
+            if cluster is None:
+                return unknown(request)
+            return cluster.execute(request)
+        if isinstance(request, Sleep):
+            time.sleep(request.seconds)
+            return None
+        if isinstance(request, Concurrently):
+            return self._concurrently(request)
+        if isinstance(request, Refresh):
+            if self._refresh is None:
+                return RouterError("no refresh is possible here")
+            return self._refresh()
+        raise TypeError(f"not a request: {request!r}")
+
+    def _concurrently(self, request: Concurrently) -> list[Any]:
+        programs, lanes = request.programs, request.lanes
+        if len(programs) == 1:
+            return [self.run(programs[0])]
+        futures = [self._pools[lane].submit(self.run, p) if lane in self._pools else _failed_future(lane)
+                   for p, lane in zip(programs, lanes)]
+        results, first_error = [], None
+        for future in futures:
+            try:
+                results.append(future.result())
+            except BaseException as exc:  # let the others finish, then raise the first
+                first_error = first_error or exc
+                results.append(None)
+        if first_error is not None:
+            raise first_error
+        return results
+
+    # -- helpers for the operator tools --------------------------------------------------
+
     def each(
         self, fn: Callable[[Cluster], T], names: Sequence[str] | None = None, *, on_done: Callable[[str], None] | None = None
     ) -> dict[str, T | ClusterUnavailable]:
-        """Run *fn* on each named cluster concurrently; a failure is returned, not raised.
+        """Run *fn* on each named cluster concurrently; a :class:`ClusterUnavailable` is returned, not raised.
 
         *on_done* is called with each cluster's name as its call finishes (progress).
-
         Errors other than :class:`ClusterUnavailable` propagate (they are bugs or bad input).
         """
         targets = [self._by_name[n] for n in (self._by_name if names is None else names)]
@@ -268,82 +300,25 @@ class Clusters:
         """Run ``fn(*args)`` on cluster *name*'s own thread pool; returns a Future."""
         return self._pools[name].submit(fn, *args)
 
+    def _deadline(self) -> float:
+        return deadline_in(self.config.timeout.total_seconds())
+
     def inspect_metadata(
         self, *, allow_missing: AnyCollection[str] = ()
     ) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterUnavailable]]:
-        """Read every cluster's metadata: the valid documents, every problem, and the unreachable clusters.
-
-        Clusters named in *allow_missing* or listed as rollover standbys may have no
-        metadata yet. Problems are: no or several metadata documents, an ``_id`` that
-        is not the configured name, a malformed field, and (when every document is
-        well-formed) overlapping periods or more than one open-ended period.
-        """
-        standby = set(self.config.rollover.standby) if self.config.rollover else set()
-        optional = standby | set(allow_missing)
-        answers = self.each(lambda c: c.metadata_documents())
-        down = {n: r for n, r in answers.items() if isinstance(r, ClusterUnavailable)}
-        problems: list[str] = []
-        metas: list[ClusterMeta] = []
-        coll = f"{self.config.database}.{self.config.metadata_collection}"
-        for name, docs in answers.items():
-            if isinstance(docs, ClusterUnavailable):
-                continue
-            if not docs:
-                if name not in optional:
-                    problems.append(f"cluster {name!r}: no metadata document in {coll}")
-                continue
-            if len(docs) > 1:
-                ids = ", ".join(repr(d.get("_id")) for d in docs)
-                problems.append(f"cluster {name!r}: {len(docs)} metadata documents in {coll} (expected one; _ids {ids})")
-                continue
-            doc = docs[0]
-            if doc.get("_id") != name:
-                problems.append(
-                    f"cluster {name!r}: metadata _id {doc.get('_id')!r} does not match the configured name {name!r}"
-                )
-                continue
-            try:
-                metas.append(ClusterMeta.from_document(doc))
-            except (InvalidItem, TypeError, ValueError) as exc:
-                problems.append(f"cluster {name!r}: metadata.{exc}")
-        if not problems:
-            problems = TimeMap.problems(metas)
-        return metas, problems, down
+        """Read every cluster's metadata: the valid documents, every problem, and the unreachable clusters
+        (see :func:`router.core.metadata.inspect_metadata`)."""
+        answers = self.run(read_metadata(self.names, deadline=self._deadline()))
+        return inspect_metadata(answers, self.config, allow_missing=allow_missing)
 
     def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
-        """Read every cluster's metadata and build the time map (see :meth:`inspect_metadata`).
-
-        With *previous* (a refresh), a cluster that does not answer keeps the period it
-        had in *previous*, so one dead cluster does not freeze every router's map; its
-        own metadata cannot have been changed by anyone meanwhile without reaching it.
-        Otherwise raises :class:`ClusterUnavailable` naming every unreachable cluster,
-        and :class:`MetadataError` listing every problem.
-        """
-        metas, problems, down = self.inspect_metadata(allow_missing=allow_missing)
-        if down and previous is not None:
-            kept = [m for m in previous.periods if m.name in down]
-            log.warning(
-                "metadata refresh: %s did not answer; keeping their last known periods", ", ".join(sorted(down))
-            )
-            metas += kept
-            problems = problems or TimeMap.problems(metas)
-            down = {}
-        if down:
-            first = next(iter(down.values()))
-            if len(down) == 1:
-                raise first
-            raise ClusterUnavailable(
-                ", ".join(down), "unreachable: " + "; ".join(str(e) for e in down.values())
-            ) from first
-        if problems:
-            raise MetadataError(problems)
-        timemap = TimeMap(metas)
-        for end, start in timemap.gaps:
-            log.warning("time map has a gap from %s to %s: writes in it will fail", end.isoformat(), start.isoformat())
-        return timemap
+        """Read every cluster's metadata and build the time map (see :func:`router.core.metadata.load_timemap`)."""
+        return self.run(
+            load_timemap(self.names, self.config, deadline=self._deadline(), allow_missing=allow_missing, previous=previous)
+        )
 
     def close(self) -> None:
-        """Close every client and the thread pool."""
+        """Close every client and the thread pools."""
         for pool in self._pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
         for c in self._by_name.values():
@@ -354,3 +329,9 @@ class Clusters:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _failed_future(lane: str) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_exception(ClusterUnavailable(lane, "is not in the configuration"))
+    return future

@@ -16,7 +16,6 @@ import gc
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,13 @@ import pymongo
 from pymongo import MongoClient, monitoring
 
 from .. import __version__
-from ..clusters import Cluster
+from ..admin.migrate import discover, migrate_cluster
 from ..config import ClusterConfig, RouterConfig
 from ..ids import data_key
-from .localservers import LocalClusters
-from ..migrate import discover, migrate_cluster
 from ..model import ClusterMeta, FeedItem
-from ..router import FeedRouter, _Loaded
+from ..storage.clusters import Cluster
+from ..sync import FeedRouter
+from .localservers import LocalClusters
 
 __all__ = ["main", "run_bench", "Result"]
 
@@ -205,20 +204,20 @@ def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
 
 def bench_cpu(n: int, reps: int) -> Result:
     """Routing + _id + data_key + document building, no I/O, vs bson.encode of the same documents."""
+    from ..core.routing import Routing
+    from ..core.writes import prepare
     from ..timemap import TimeMap
 
     metas = [ClusterMeta(name=NAMES[0], start_date=P0, end_date=P1), ClusterMeta(name=NAMES[1], start_date=P1, end_date=P2),
              ClusterMeta(name=NAMES[2], start_date=P2)]
-    router = FeedRouter.__new__(FeedRouter)  # the write path only: no connections are needed to measure it
-    router.config = RouterConfig(clusters=())
-    router._loaded = _Loaded(TimeMap(metas), NOW)
+    routing = Routing(TimeMap(metas), NOW)  # the write path only (router.core.writes.prepare): no connections needed
     step = (NOW - P0) / n
     times = [P0 + step * i for i in range(n)]
 
     def build_and_prepare() -> Any:
         items = [FeedItem(receiver_id=1_000_000 + i % 5000, sender_id=1_000_765, event_time=times[i], type=1,
                           data={"fabula_id": i}, data_key=data_key("fabula", i)) for i in range(n)]
-        return router.prepare(items)
+        return prepare(items, routing)
 
     docs = [d for _, (_, ds) in build_and_prepare().batches.items() for d in ds]
     items = [FeedItem(receiver_id=d["receiver_id"], sender_id=d["sender_id"], event_time=d["event_time"], type=d["type"],
@@ -229,7 +228,7 @@ def bench_cpu(n: int, reps: int) -> Result:
         def work() -> None:
             for k in keys:
                 data_key("fabula", k)
-            router.prepare(items)
+            prepare(items, routing)
 
         return _timed(work) / n * 1e9
 
@@ -333,8 +332,8 @@ def bench_delete(uris: Sequence[str], reps: int, copies: int) -> Result:
 
 def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
     """fan_out of one activity to n receivers (a generator) vs raw insert_many of the same copies, same cluster."""
-    from ..fanout import Activity
     from ..ids import copy_ids
+    from ..model import Activity
 
     config = _config(uris, "bench_fanout")
     _register(config)
@@ -387,9 +386,10 @@ def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
 
 def bench_fanout_memory(uri: str, sizes: tuple[int, int]) -> Result:
     """Peak RSS growth of a fan-out from a generator, small vs large receiver count, each in a fresh process."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "fanout_memory"
-    out = subprocess.run([sys.executable, str(script), "--uri", uri, "--sizes", *map(str, sizes), "--json"],
-                         capture_output=True, text=True, env={**os.environ, "FANOUT_MEMORY_NO_VENV": "1"}, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "router.testing.fanout_memory", "--uri", uri, "--sizes", *map(str, sizes), "--json"],
+        capture_output=True, text=True, check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"scripts/fanout_memory failed: {out.stderr[-2000:]}")
     rows = json.loads(out.stdout)
@@ -431,15 +431,18 @@ def _chart(results: list[Result], path: Path) -> str:
     return f"chart: {path}"
 
 
-def _environment(uris: Sequence[str], backend: str) -> dict[str, Any]:
+def _environment(uris: Sequence[str], backend: str, server: str | None = None) -> dict[str, Any]:
+    """The run's context for the report header; ``server`` as LocalClusters.server_description gives it."""
     info = MongoClient(uris[0]).admin.command("buildInfo")
+    if server is None:  # servers we did not start: the wire protocol does not say which FerretDB backend
+        server = f"FerretDB {info['ferretdbVersion']}" if "ferretdbVersion" in info else f"MongoDB {info.get('version')}"
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "pymongo": pymongo.version,
         "feed_router": __version__,
-        "server": f"FerretDB {info['ferretdbVersion']} (SQLite)" if "ferretdbVersion" in info else f"MongoDB {info.get('version')}",
+        "server": server,
         "backend": backend,
     }
 
@@ -455,7 +458,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
         uris = local.start()
     try:
         servers = list(uris)
-        env = _environment(servers, local.backend if local else "reused")
+        env = _environment(servers, local.backend if local else "reused", local.server_description if local else None)
         out.write(f"# feed-router benchmark ({size})\n\n" + "\n".join(f"- {k}: {v}" for k, v in env.items()) + "\n\n")
         out.flush()
         steps: list[tuple[str, Callable[[], Result]]] = [

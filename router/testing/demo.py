@@ -14,23 +14,23 @@ from __future__ import annotations
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from collections.abc import Callable
 from typing import TextIO
 
 from pymongo import MongoClient
 
-from ..clusters import Clusters
+from ..admin.migrate import Migration, discover, migrate_cluster
+from ..admin.periods import apply_period, plan_period
+from ..admin.rollover import RolloverScheduler, upcoming_boundary
 from ..config import load_config
-from ..migrate import Migration, discover, migrate_cluster
-from ..periods import apply_period, plan_period
 from ..errors import RouterError
 from ..ids import data_key
-from .localservers import LocalClusters
 from ..model import FeedItem
-from ..rollover import RolloverScheduler, upcoming_boundary
-from ..router import FeedRouter
+from ..storage.clusters import Clusters
+from ..sync import FeedRouter
+from .localservers import LocalClusters
 
 __all__ = ["run_demo", "demo_periods"]
 

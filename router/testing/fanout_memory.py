@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
 """Peak memory and throughput of fan-outs from a generator, one fresh process per size.
 
     scripts/fanout_memory                          # 100k and 1M receivers on a local server it starts
     scripts/fanout_memory --sizes 20000 100000     # other sizes
     scripts/fanout_memory --uri mongodb://127.0.0.1:27101 --json
+    python -m router.testing.fanout_memory ...     # the same
 
 Each size runs in a new Python process: it imports the package, connects, registers one
 open-ended period in a database of its own, records its peak RSS (VmHWM in
@@ -17,20 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve() and "FANOUT_MEMORY_NO_VENV" not in os.environ:
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
-sys.path.insert(0, str(ROOT))
 
 
 def peak_rss_bytes() -> int:
@@ -50,10 +42,9 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int) -> d
     """One fan-out to *receivers* ids from a generator; runs in a fresh process."""
     from datetime import datetime, timezone
 
-    from router import ClusterConfig, ClusterMeta, FeedRouter, RouterConfig, data_key
-    from router.clusters import Cluster
-    from router.fanout import Activity, fan_out
-    from router.migrate import discover, migrate_cluster
+    from router import Activity, ClusterConfig, ClusterMeta, FeedRouter, RouterConfig, data_key
+    from router.admin.migrate import discover, migrate_cluster
+    from router.storage.clusters import Cluster
 
     utc = timezone.utc
     database = f"fanout_memory_{uuid.uuid4().hex[:10]}"
@@ -78,10 +69,7 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int) -> d
             router.clusters["memory"].ping()
             baseline = peak_rss_bytes()
             began = time.perf_counter()
-            result = fan_out(
-                router.clusters, router.timemap, activity, (10_000_000 + i for i in range(receivers)),
-                concurrency=concurrency,
-            )
+            result = router.fan_out(activity, (10_000_000 + i for i in range(receivers)), concurrency=concurrency)
             seconds = time.perf_counter() - began
             peak = peak_rss_bytes()
     finally:
@@ -102,11 +90,10 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int) -> d
 
 def run_child(uri: str, receivers: int, args: argparse.Namespace) -> dict[str, Any]:
     command = [
-        sys.executable, __file__, "--child", str(receivers), "--uri", uri,
+        sys.executable, "-m", "router.testing.fanout_memory", "--child", str(receivers), "--uri", uri,
         "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency),
     ]
-    out = subprocess.run(command, capture_output=True, text=True, check=False,
-                         env={**os.environ, "FANOUT_MEMORY_NO_VENV": "1"})
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"fan-out of {receivers} receivers failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -125,7 +112,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="scripts/fanout_memory", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="receiver counts (default: 100000 1000000)")
     parser.add_argument("--uri", help="use this server instead of starting a local one")
     parser.add_argument("--batch-size", type=int, default=1000)
@@ -142,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [run_child(args.uri, n, args) for n in args.sizes]
         backend = "given server"
     else:
-        from router.testing.localservers import LocalClusters
+        from .localservers import LocalClusters
 
         with LocalClusters(1, names=["memory"]) as local:
             rows = [run_child(local.uris[0], n, args) for n in args.sizes]

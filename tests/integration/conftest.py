@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from router import ClusterConfig, ClusterMeta, FeedRouter, ReadWindow, RouterConfig
-from router.clusters import Cluster
+from router import AsyncFeedRouter, ClusterConfig, ClusterMeta, FeedRouter, ReadWindow, RouterConfig
+from router.admin.migrate import discover, migrate_cluster
+from router.config import RolloverConfig
+from router.storage.clusters import Cluster
 from router.testing.localservers import LocalClusters
-from router.migrate import discover, migrate_cluster
+
+from .doors import AsyncDoor, LoopThread
 
 UTC = timezone.utc
 #: The three demo periods used by most tests: [P0, P1), [P1, P2), [P2, open).
@@ -62,8 +65,10 @@ def make_config(servers: LocalClusters, db_name: str) -> Callable[..., RouterCon
     """Build a RouterConfig for this test's database over the session's servers."""
 
     def make(
-        *, window: ReadWindow | None = None, batch_size: int = 1000, uris: Sequence[str] | None = None, **options: Any
+        *, window: ReadWindow | None = None, batch_size: int = 1000, uris: Sequence[str] | None = None,
+        rollover: RolloverConfig | None = None, timeout: timedelta | None = None, **options: Any
     ) -> RouterConfig:
+        extra: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         return RouterConfig(
             database=db_name,
             clusters=tuple(
@@ -72,6 +77,8 @@ def make_config(servers: LocalClusters, db_name: str) -> Callable[..., RouterCon
             ),
             read_window=window or ReadWindow(),
             batch_size=batch_size,
+            rollover=rollover,
+            **extra,
         )
 
     return make
@@ -93,15 +100,31 @@ def register(config: RouterConfig, periods: Sequence[tuple[datetime, datetime | 
             cluster.close()
 
 
-@pytest.fixture
-def make_router(make_config: Callable[..., RouterConfig]) -> Iterator[Callable[..., FeedRouter]]:
-    """Register the three periods and open a FeedRouter on them (closed afterwards)."""
-    opened: list[FeedRouter] = []
+@pytest.fixture(scope="session")
+def event_loop_thread() -> Iterator[LoopThread]:
+    """One real asyncio event loop on a thread of its own, for the async door's tests."""
+    loop = LoopThread()
+    yield loop
+    loop.close()
 
-    def make(*, clock: Callable[[], datetime] = lambda: NOW, refresh: bool = True, **kwargs: Any) -> FeedRouter:
-        config = make_config(**kwargs)
-        register(config)
-        router = FeedRouter(config, clock=clock, refresh=refresh)
+
+@pytest.fixture(params=["sync", "async"])
+def door(request: pytest.FixtureRequest) -> str:
+    """Which front door a contract test runs against: every test using it runs on both."""
+    return str(request.param)
+
+
+@pytest.fixture
+def open_router(door: str, event_loop_thread: LoopThread) -> Iterator[Callable[..., Any]]:
+    """Open a router on a config through this test's door (FeedRouter, or AsyncFeedRouter behind AsyncDoor)."""
+    opened: list[Any] = []
+
+    def make(config: RouterConfig, **kwargs: Any) -> Any:
+        router: Any
+        if door == "sync":
+            router = FeedRouter(config, **kwargs)
+        else:
+            router = AsyncDoor(AsyncFeedRouter(config, **kwargs), event_loop_thread)
         opened.append(router)
         return router
 
@@ -111,9 +134,33 @@ def make_router(make_config: Callable[..., RouterConfig]) -> Iterator[Callable[.
 
 
 @pytest.fixture
+def make_router(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any]) -> Callable[..., FeedRouter]:
+    """Register the three periods and open a router on them through this test's door (closed afterwards)."""
+
+    def make(
+        *, clock: Callable[[], datetime] = lambda: NOW, refresh: bool = True, fanout_workers: int = 2, **kwargs: Any
+    ) -> FeedRouter:
+        config = make_config(**kwargs)
+        register(config)
+        router: FeedRouter = open_router(config, clock=clock, refresh=refresh, fanout_workers=fanout_workers)
+        return router
+
+    return make
+
+
+@pytest.fixture
 def router(make_router: Callable[..., FeedRouter]) -> FeedRouter:
-    """A router over the three standard periods, with "now" fixed at 2024-09-01."""
+    """A router over the three standard periods, with "now" fixed at 2024-09-01, through this test's door."""
     return make_router()
+
+
+@pytest.fixture
+def sync_router(make_config: Callable[..., RouterConfig]) -> Iterator[FeedRouter]:
+    """A FeedRouter (sync door only), for tests of its own threads and internals."""
+    config = make_config()
+    register(config)
+    with FeedRouter(config, clock=lambda: NOW) as router:
+        yield router
 
 
 def spread(start: datetime, end: datetime, n: int, i: int) -> datetime:

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
-from router import ClusterConfig, FeedRouter, RouterConfig, data_key
-from router.fanout import Activity, fan_out
+from router import Activity, ClusterConfig, FeedRouter, RouterConfig, data_key
 
 UTC = timezone.utc
 #: In the second standard period, [2024-04-01, 2024-07-01): cluster_2 owns it.
@@ -38,14 +37,7 @@ def main(argv: Sequence[str]) -> int:
         clusters=tuple(ClusterConfig(name=n, uri=u, options={}) for n, u in zip(spec["names"], spec["uris"])),
     )
     with FeedRouter(config) as router:
-        fan_out(
-            router.clusters,
-            router.timemap,
-            ACTIVITY,
-            receivers(spec["receivers"]),
-            batch_size=spec["batch_size"],
-            concurrency=spec["concurrency"],
-        )
+        router.fan_out(ACTIVITY, receivers(spec["receivers"]), batch_size=spec["batch_size"], concurrency=spec["concurrency"])
     return 0
 
 

@@ -3,32 +3,49 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import pytest
 from pymongo import MongoClient
 
-from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
+from router import (
+    ClusterUnavailable,
+    FeedItem,
+    FeedRouter,
+    InvalidItem,
+    ItemRefused,
+    RouterClosed,
+    RouterConfig,
+    RouterError,
+    WriteFailed,
+    data_key,
+)
 from router.testing.localservers import LocalClusters, LocalServer
 
 from .conftest import NOW, P0, P1, P2, register
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 FAST = {"serverSelectionTimeoutMS": 800, "connectTimeoutMS": 800, "socketTimeoutMS": 1500}
+#: The calls' timeout (clusters.yaml ``timeout``) in these tests.
+TIMEOUT = timedelta(seconds=2)
 #: A hang detector, not a speed target: every call must come back long before this.
 HANG = 60.0
 
 
 @pytest.fixture
-def spare_router(make_config: Callable[..., RouterConfig], raw_clients: Clients) -> Iterator[tuple[FeedRouter, LocalServer]]:
-    """A router whose cluster_2 (the middle period) runs on a server of the test's own."""
+def spare_router(
+    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any]
+) -> Iterator[tuple[FeedRouter, LocalServer]]:
+    """A router (through the test's door) whose cluster_2 (the middle period) runs on a server of the test's own."""
     with LocalClusters(1, names=["spare"]) as spare:
         uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
-        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], **FAST)
+        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], timeout=TIMEOUT, **FAST)
         register(config)
-        router = FeedRouter(config, clock=lambda: NOW, refresh=False)
+        router = open_router(config, clock=lambda: NOW, refresh=False)
         try:
             yield router, spare.servers[0]
         finally:
@@ -144,3 +161,134 @@ def test_hung_cluster_every_call_returns(spare_router: tuple[FeedRouter, LocalSe
     finally:
         server.resume()
     router.write(feed_items(2, 2, offset=700)[1])  # back to normal
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds *fn* took (in a thread, hang-checked) and what it returned or raised."""
+    began = time.monotonic()
+    try:
+        value: Any = in_thread(fn)
+    except Exception as exc:  # the outcome is checked by the caller
+        value = exc
+    return time.monotonic() - began, value
+
+
+def test_every_call_returns_within_the_timeout(spare_router: tuple[FeedRouter, LocalServer]) -> None:
+    """With timeout: 2s and cluster_2 hung (SIGSTOP), every public call returns within the timeout plus a margin.
+
+    Before, a write with socketTimeoutMS 2000 took 6.1-6.4 s, and pymongo's "operation
+    cancelled" was retried although the timeout was spent.
+    """
+    router, server = spare_router
+    router.write_many(feed_items(3, 30))
+    bound = TIMEOUT.total_seconds() + 2.0  # the documented bound, with room for a loaded machine
+    in_p1 = feed_items(3, 30, offset=300)[12]
+    assert P1 <= in_p1.event_time < P2
+    server.pause()
+    try:
+        calls: dict[str, Callable[[], Any]] = {
+            "write": lambda: router.write(in_p1),
+            "write_many": lambda: router.write_many(feed_items(3, 30, offset=400)),
+            "read raise": lambda: router.read(3, limit=100, on_unavailable="raise"),
+            "read partial": lambda: router.read(3, limit=100, on_unavailable="partial"),
+            "delete": lambda: router.delete(data_key("f", 1)),
+            "update": lambda: router.update(data_key("f", 2), {"n": -2}),
+            "unfollow": lambda: router.unfollow(3, 1),
+            "refresh": lambda: router.refresh(),
+        }
+        for name, call in calls.items():
+            elapsed, outcome = timed(call)
+            assert elapsed < bound, f"{name} took {elapsed:.1f} s (bound {bound} s): {outcome!r}"
+            assert not isinstance(outcome, Exception) or isinstance(outcome, RouterError), (name, outcome)
+        elapsed, outcome = timed(router.close)
+        assert elapsed < bound and outcome is None, (elapsed, outcome)
+    finally:
+        server.resume()
+
+
+def test_a_write_repeated_with_its_ids_stores_one_copy(spare_router: tuple[FeedRouter, LocalServer], raw_clients: Clients,
+                                                       db_name: str) -> None:
+    """SIGSTOP -> WriteFailed (outcome unknown) -> SIGCONT -> the unwritten items again, with WriteFailed.ids:
+    exactly one copy of each (it used to store two, as every write drew new ids)."""
+    router, server = spare_router
+    items = [it for it in feed_items(4, 90) if P1 <= it.event_time < P2]
+    server.pause()
+    try:
+        with pytest.raises(WriteFailed) as info:
+            in_thread(lambda: router.write_many(items))
+    finally:
+        server.resume()
+    failed = info.value
+    assert sorted(failed.failed) == list(range(len(items)))
+    again = failed.unwritten(items)
+    assert router.write_many(again) == failed.ids
+    with MongoClient(server.uri) as spare:
+        feed = spare[db_name].feed
+        stored = list(feed.find({"receiver_id": 4}, {"_id": 1, "data": 1}))
+        assert len(stored) == len(items) and sorted(d["_id"] for d in stored) == sorted(failed.ids)
+        # Repeating it once more changes nothing either.
+        assert router.write_many(again) == failed.ids and feed.count_documents({"receiver_id": 4}) == len(items)
+
+
+def test_a_chosen_id_is_checked(spare_router: tuple[FeedRouter, LocalServer], raw_clients: Clients, db_name: str) -> None:
+    """FeedItem.id must carry event_time's second; an id that already holds another item is refused, alone."""
+    router, _server = spare_router
+    first, second, third = feed_items(5, 3)
+    oid = router.write(first)
+    with pytest.raises(InvalidItem, match="items\\[0\\].id: must carry event_time's second"):
+        router.write_many([attrs.evolve(second, id=oid)])
+    taken = attrs.evolve(first, data_key=data_key("other", 1), id=oid)
+    with pytest.raises(WriteFailed) as info:
+        router.write_many([taken, third])
+    assert list(info.value.failed) == [0] and isinstance(info.value.failed[0], ItemRefused)
+    assert "already holds another item" in str(info.value.failed[0])
+    assert info.value.unwritten([taken, third]) == []  # refused for itself: repeating it will not help
+
+
+def test_calls_racing_close_complete_or_fail_truthfully(spare_router: tuple[FeedRouter, LocalServer], raw_clients: Clients,
+                                                         db_name: str) -> None:
+    """close() while another thread writes: each call completes, or raises WriteFailed whose unlisted items are
+    stored, or RouterClosed having written nothing; every call after close() raises RouterClosed."""
+    router, _server = spare_router
+    outcomes: list[tuple[list[FeedItem], Any]] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        k = 0
+        while not stop.is_set():
+            items = feed_items(6, 200, offset=10_000 * (k + 1))
+            try:
+                outcomes.append((items, router.write_many(items)))
+            except RouterError as exc:
+                outcomes.append((items, exc))
+                if isinstance(exc, RouterClosed):
+                    return
+            k += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    deadline = time.monotonic() + HANG
+    while len(outcomes) < 2:
+        assert time.monotonic() < deadline and thread.is_alive(), outcomes
+        time.sleep(0.01)
+    in_thread(router.close)
+    stop.set()
+    thread.join(HANG)
+    assert not thread.is_alive()
+    with MongoClient(_server.uri) as spare:
+        clients = [raw_clients["cluster_1"], spare, raw_clients["cluster_3"]]
+        stored = {d["data"]["n"] for c in clients for d in c[db_name].feed.find({"receiver_id": 6}, {"data": 1})}
+    for items, outcome in outcomes:
+        numbers = [it.data["n"] for it in items]
+        if isinstance(outcome, RouterClosed):
+            assert not stored & set(numbers)
+        elif isinstance(outcome, WriteFailed):
+            assert {n for i, n in enumerate(numbers) if i not in outcome.failed} <= stored
+        else:
+            assert not isinstance(outcome, Exception), outcome
+            assert set(numbers) <= stored
+    assert isinstance(outcomes[-1][1], RouterClosed) or stop.is_set()
+    for call in (lambda: router.write_many(feed_items(6, 2)), lambda: router.read(6), lambda: router.delete("k"),
+                 lambda: router.refresh(), lambda: router.update("k", {}), lambda: router.fan_out_status("j")):
+        with pytest.raises(RouterClosed):
+            call()

@@ -11,10 +11,8 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from router import FeedItem, FeedRouter, InvalidItem, MetadataError, NoClusterForTime, RouterConfig, RouterError
-from router.clusters import Cluster
-from router.migrate import discover, migrate_cluster
 
-from .conftest import NOW, P0, P1, P2, register
+from .conftest import NOW, P0, P1, P2
 
 UTC = timezone.utc
 Clients = dict[str, MongoClient[dict[str, Any]]]

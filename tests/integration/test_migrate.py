@@ -12,9 +12,9 @@ import pytest
 from pymongo import MongoClient
 
 from router import RouterConfig
-from router.clusters import Capabilities, Cluster
+from router.admin.migrate import MigrationContext, default_folder, discover, migrate_cluster
 from router.errors import MigrationError
-from router.migrate import MigrationContext, default_folder, discover, migrate_cluster
+from router.storage.clusters import Capabilities, Cluster
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 

@@ -179,8 +179,8 @@ def test_rollover_and_retire_through_the_cli(tmp_path: Path, servers: LocalClust
     """scheduler --once, rollover (dry run, real, again) and retire, on the real clock."""
     from datetime import datetime, timezone
 
+    from router.admin.rollover import upcoming_boundary
     from router.config import RolloverConfig
-    from router.rollover import upcoming_boundary
 
     now = datetime.now(timezone.utc)
     month = datetime(now.year, now.month, 1, tzinfo=timezone.utc)

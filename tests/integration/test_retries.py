@@ -11,16 +11,18 @@ import pytest
 from pymongo import MongoClient
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
-
 from router.testing.proxy import BlipProxy
+
 from .conftest import NOW, P1, register
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
 
 @pytest.fixture
-def proxied(make_config: Callable[..., RouterConfig], raw_clients: Clients) -> Iterator[Callable[..., tuple[FeedRouter, BlipProxy]]]:
-    """A router whose cluster_2 is reached through a BlipProxy."""
+def proxied(
+    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any]
+) -> Iterator[Callable[..., tuple[FeedRouter, BlipProxy]]]:
+    """A router (through the test's door) whose cluster_2 is reached through a BlipProxy."""
     made: list[tuple[FeedRouter, BlipProxy]] = []
 
     def make(**kwargs: Any) -> tuple[FeedRouter, BlipProxy]:
@@ -32,13 +34,12 @@ def proxied(make_config: Callable[..., RouterConfig], raw_clients: Clients) -> I
 
         config = evolve(config, **kwargs)
         register(config)
-        router = FeedRouter(config, clock=lambda: NOW, refresh=False)
+        router = open_router(config, clock=lambda: NOW, refresh=False)
         made.append((router, proxy))
         return router, proxy
 
     yield make
-    for router, proxy in made:
-        router.close()
+    for _router, proxy in made:
         proxy.close()
 
 
@@ -53,7 +54,7 @@ def test_blip_is_retried_and_logged(proxied: Callable[..., tuple[FeedRouter, Bli
     router, proxy = proxied()
     router.write_many(batch(5))
     proxy.cut_next(b"insert", 1)
-    with caplog.at_level(logging.DEBUG, logger="router.router"):
+    with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
         router.write_many(batch(20, offset=100))
     assert proxy.cuts == 1
     assert "cluster cluster_2: 20 documents hit a transient error; retry 1 of 2" in caplog.text
@@ -82,9 +83,33 @@ def test_lost_reply_retry_counts_stored_copies_once(proxied: Callable[..., tuple
     """The insert reaches the server but its reply is cut: the retry's duplicates are read back, nothing doubles or goes missing."""
     router, proxy = proxied()
     proxy.cut_reply_next(b"insert", 1)
-    with caplog.at_level(logging.DEBUG, logger="router.router"):
+    with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
         ids = router.write_many(batch(15))
     assert proxy.cuts == 1 and "retry 1 of 2" in caplog.text
     feed = raw_clients["cluster_2"][db_name].feed
     assert feed.count_documents({}) == 15
     assert sorted(d["_id"] for d in feed.find({}, {"_id": 1})) == sorted(ids)  # the ids returned are the stored ones
+
+
+def test_lost_reply_and_lost_read_back_give_every_id_and_outcome(
+    proxied: Callable[..., tuple[FeedRouter, BlipProxy]], raw_clients: Clients, db_name: str
+) -> None:
+    """The insert's reply is cut and the read-back of its duplicates is cut too: WriteFailed with every id and a
+    per-index outcome (this used to raise a bare ClusterUnavailable); writing the unwritten items again, with those
+    ids, leaves one copy each."""
+    router, proxy = proxied(retry_backoff=timedelta(milliseconds=10), timeout=timedelta(seconds=2))
+    items = batch(12)  # all in cluster_2's period
+    proxy.cut_reply_next(b"insert", 1)
+    proxy.cut_next(b"find", 10_000)  # pymongo retries a read until the deadline: cut every attempt
+    with pytest.raises(WriteFailed) as info:
+        router.write_many(items)
+    proxy.cut_next(b"find", 0)
+    failed = info.value
+    assert proxy.cuts >= 3 and len(failed.ids) == 12 and len(set(failed.ids)) == 12
+    assert sorted(failed.failed) == list(range(12))  # stored or not, unconfirmed: none is reported written
+    assert all(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in failed.failed.values())
+    again = failed.unwritten(items)
+    assert [it.id for it in again] == failed.ids
+    assert router.write_many(again) == failed.ids
+    feed = raw_clients["cluster_2"][db_name].feed
+    assert sorted(d["_id"] for d in feed.find({}, {"_id": 1})) == sorted(failed.ids)

@@ -5,21 +5,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from pymongo import MongoClient
 
-from router import ClusterConfig, ClusterMeta, FeedItem, FeedRouter, ReadWindow, RouterConfig, data_key
-from router.clusters import Cluster, Clusters
+from router import ClusterConfig, ClusterMeta, FeedItem, ReadWindow, RouterConfig, data_key
+from router.admin.migrate import discover, migrate_cluster
+from router.admin.periods import retire
+from router.admin.rollover import RolloverScheduler, do_rollover, plan_rollover
 from router.config import RolloverConfig
 from router.errors import ClusterRetired, PeriodChangeRefused, RolloverError, StaleMetadata
+from router.storage.clusters import Cluster, Clusters
 from router.testing.localservers import LocalClusters
-from router.migrate import discover, migrate_cluster
-from router.periods import retire
-from router.rollover import RolloverScheduler, do_rollover, plan_rollover
 
 UTC = timezone.utc
 P0 = datetime(2024, 3, 1, tzinfo=UTC)
@@ -99,11 +99,11 @@ def wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_scheduler_rolls_over_while_two_routers_write(env3: Env) -> None:
+def test_scheduler_rolls_over_while_two_routers_write(env3: Env, open_router: Callable[..., Any]) -> None:
     """The scheduler opens cluster_3 at B; the fresh router routes across B, the stale one refuses rather than guess."""
     clock = Clock(T0)
-    fresh = FeedRouter(env3.config, clock=clock)                 # background refresh every 100 ms
-    stale = FeedRouter(env3.config, clock=clock, refresh=False)  # refresh stopped, map from T0
+    fresh = open_router(env3.config, clock=clock)                 # background refresh every 100 ms
+    stale = open_router(env3.config, clock=clock, refresh=False)  # refresh stopped, map from T0
     scheduler = RolloverScheduler(env3.config, clock=clock, interval=timedelta(milliseconds=100))
     rolled = threading.Event()
     tick = scheduler.tick
@@ -190,7 +190,7 @@ def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixtu
         env = Env(local, standby_migrated=False)
         early = Clock(P1 + timedelta(days=1))  # 2024-04-02: far from the window
         scheduler = RolloverScheduler(env.config, clock=early)
-        with caplog.at_level(logging.ERROR, logger="router.rollover"):
+        with caplog.at_level(logging.ERROR, logger="router.admin.rollover"):
             assert scheduler.tick() == []
         assert isinstance(scheduler.last_error, RolloverError)
         assert "no standby cluster is ready for the rollover at 2024-05-01T00:00:00+00:00" in str(scheduler.last_error)
@@ -221,11 +221,11 @@ def test_manual_rollover_too_late_or_dry_run(env3: Env) -> None:
         assert plan.boundary == datetime(2024, 6, 1, tzinfo=UTC)
 
 
-def test_retired_cluster_skipped_by_reads_covered_by_deletes(env3: Env) -> None:
+def test_retired_cluster_skipped_by_reads_covered_by_deletes(env3: Env, open_router: Callable[..., Any]) -> None:
     """After retire: reads skip cluster_1, writes into its period fail, deletes still reach it."""
     clock = Clock(T0)
     key = data_key("fabula", 1)
-    with FeedRouter(env3.config, clock=clock, refresh=False) as router:
+    with open_router(env3.config, clock=clock, refresh=False) as router:
         router.write_many([
             FeedItem(receiver_id=1, sender_id=1, event_time=t, type=1, data={}, data_key=key)
             for t in (P0 + timedelta(days=1), P1 + timedelta(days=1))
@@ -246,10 +246,10 @@ def test_retired_cluster_skipped_by_reads_covered_by_deletes(env3: Env) -> None:
         assert env3.feed("cluster_1") == [] and env3.feed("cluster_2") == []
 
 
-def test_refresh_keeps_going_when_an_unrelated_cluster_is_down(env3: Env) -> None:
+def test_refresh_keeps_going_when_an_unrelated_cluster_is_down(env3: Env, open_router: Callable[..., Any]) -> None:
     """cluster_1 (a closed period) dies; refreshes keep its last known period, so writes past the old horizon go on."""
     clock = Clock(T0)
-    with FeedRouter(env3.config, clock=clock, refresh=False) as router:
+    with open_router(env3.config, clock=clock, refresh=False) as router:
         env3.local.servers[0].kill()
         clock.now = T0 + LEAD + timedelta(days=1)  # past the horizon of the map loaded at T0
         router.write(item(clock.now, 1, sender=1))  # refresh (cluster_1 unreachable) still succeeds

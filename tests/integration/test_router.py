@@ -24,7 +24,8 @@ from router import (
     WriteFailed,
     data_key,
 )
-
+from router.core.policy import RetryPolicy, deadline_in
+from router.core.writes import insert_program
 from router.cursor import CursorState, Position, encode_state
 
 from .conftest import NAMES, NOW, P0, P1, P2, PERIODS
@@ -329,13 +330,16 @@ def test_bad_delete_argument(router: FeedRouter) -> None:
         router.delete(None)  # type: ignore[arg-type]
 
 
-def test_id_collision_gets_a_fresh_id(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+def test_id_collision_gets_a_fresh_id(sync_router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A first send that hits another item's _id (event seconds recur, the counter wraps) is re-sent with a new id."""
+    router = sync_router
     oid = router.write(item(1, P2 + timedelta(days=1), 1))
     newcomer = item(2, P2 + timedelta(days=1), 2)
     doc = newcomer.to_document(oid)  # the same _id as the stored, different item
-    failed, replaced = router._insert(router.clusters["cluster_3"], [0], [doc])
-    assert failed == {} and doc["_id"] != oid and replaced == {0: doc["_id"]}
+    result = router.clusters.run(
+        insert_program("cluster_3", "feed", [doc], policy=RetryPolicy(), deadline=deadline_in(10), duplicates="check")
+    )
+    assert result.failed == {} and doc["_id"] != oid and result.renamed == {0: doc["_id"]} and result.written == 1
     assert doc["_id"].generation_time == oid.generation_time  # same event second
     feed = raw_clients["cluster_3"][db_name].feed
     assert feed.count_documents({}) == 2 and feed.find_one({"_id": doc["_id"]})["receiver_id"] == 2  # type: ignore[index]

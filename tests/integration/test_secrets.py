@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterError, data_key, load_config
-from router.clusters import Clusters
+from router.admin.migrate import discover
+from router.admin.periods import apply_period, plan_period
+from router.storage.clusters import Clusters
 from router.testing.localservers import LocalClusters
-from router.migrate import discover
-from router.periods import apply_period, plan_period
 
 from .conftest import P0, P1
 
@@ -25,15 +25,22 @@ INLINE = "inl1ne-Pa55"
 FROM_ENV = "env-S3cret"
 
 
+@pytest.fixture(autouse=True)
+def users(servers: LocalClusters) -> None:
+    """The two logins of write_config: real PostgreSQL roles on ferretdb-pg (SQLite accepts any PLAIN)."""
+    servers.create_user("feed", INLINE)
+    servers.create_user("feed_env", FROM_ENV)
+
+
 def write_config(path: Path, uris: list[str], db: str, extra: str = "") -> None:
-    """cluster_1's password inline, cluster_2's from ${FEED_PW}; FerretDB's SQLite backend accepts PLAIN."""
+    """cluster_1 logs in as feed with its password inline, cluster_2 as feed_env with ${FEED_PW}."""
     host1, host2 = (u.removeprefix("mongodb://") for u in uris)
     path.write_text(
         f"database: {db}\n"
         "clusters:\n"
         f"  - name: cluster_1\n    uri: mongodb://feed:{INLINE}@{host1}/?authMechanism=PLAIN\n"
         "    options: {serverSelectionTimeoutMS: 1500}\n"
-        f"  - name: cluster_2\n    uri: mongodb://feed:${{FEED_PW}}@{host2}/?authMechanism=PLAIN\n"
+        f"  - name: cluster_2\n    uri: mongodb://feed_env:${{FEED_PW}}@{host2}/?authMechanism=PLAIN\n"
         "    options: {serverSelectionTimeoutMS: 1500}\n" + extra
     )
 

@@ -49,7 +49,7 @@ def test_installed_wheel_migrates_adds_clusters_and_checks(
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEEDROUTER_MIGRATIONS", "VIRTUAL_ENV")}
     config = tmp_path / "clusters.yaml"
     config.write_text(f"database: {db_name}\nclusters:\n  - name: only\n    uri: {servers.uris[0]}\n")
-    where = run(installed / "python", "-c", "import router, router.migrate as m; print(router.__file__); print(m.default_folder())",
+    where = run(installed / "python", "-c", "import router, router.admin.migrate as m; print(router.__file__); print(m.default_folder())",
                 cwd=tmp_path, env=env)
     assert where.returncode == 0, where.stderr
     module, folder = where.stdout.split()

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router import InvalidItem
-from router.fanout import DoneBatches
 from router.ids import copy_id, copy_ids, copy_key
 
 UTC = timezone.utc
@@ -89,37 +88,3 @@ def test_batch_variant_raises_on_invalid_unicode() -> None:
     """copy_ids raises UnicodeEncodeError (never hashes a str mmh3 would crash on)."""
     with pytest.raises(UnicodeEncodeError):
         copy_ids(SECOND, KEY, ["ok", "a\ud800"])
-
-
-# -- the checkpoint's finished batches -------------------------------------------------------
-
-
-@given(st.lists(st.integers(min_value=0, max_value=200), max_size=300))
-def test_done_batches_behave_like_a_set(numbers: list[int]) -> None:
-    """Adding numbers in any order gives the same membership as a set, in merged ranges."""
-    done = DoneBatches()
-    for n in numbers:
-        done.add(n)
-    expected = set(numbers)
-    assert {n for n in range(202) if n in done} == expected
-    assert len(done) == len(expected)
-    ranges = done.ranges()
-    assert all(a < b for a, b in ranges)
-    assert all(b1 < a2 for (_, b1), (a2, _) in zip(ranges, ranges[1:]))  # merged, with gaps between
-    assert DoneBatches.from_document(done.to_document()).ranges() == ranges
-
-
-def test_done_batches_document_is_compact() -> None:
-    """10k consecutive batches with one hole store as two ranges."""
-    done = DoneBatches()
-    for n in range(10_000):
-        if n != 5_000:
-            done.add(n)
-    assert done.to_document() == [{"from": 0, "to": 5_000}, {"from": 5_001, "to": 10_000}]
-
-
-@pytest.mark.parametrize("bad", ["x", [[0, 1]], [{"from": 2, "to": 1}], [{"from": -1, "to": 1}], [{"from": 0}]])
-def test_malformed_done_field_rejected(bad: object) -> None:
-    """A checkpoint 'done' field that is not a list of {from, to} is refused."""
-    with pytest.raises(ValueError, match="done"):
-        DoneBatches.from_document(bad)

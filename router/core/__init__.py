@@ -1,0 +1,13 @@
+"""The I/O-free core: every decision the router makes, as pure functions and programs.
+
+Programs (generators, see :mod:`router.core.steps`) yield the requests to send and get
+the answers back; the two front doors only carry the requests out. No module here
+imports a database client: ``bson`` values only.
+
+* :mod:`~router.core.steps`: the requests and answers between core and drivers;
+* :mod:`~router.core.policy`: error codes, retry policy, deadlines;
+* :mod:`~router.core.routing`: the chooser and the horizon rule;
+* :mod:`~router.core.checks`: the input rules;
+* :mod:`~router.core.writes`, :mod:`~router.core.reads`, :mod:`~router.core.edits`,
+  :mod:`~router.core.fanout`, :mod:`~router.core.metadata`: the operations.
+"""

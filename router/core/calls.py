@@ -1,0 +1,178 @@
+"""The public operations as programs: argument checks and the program to run, one function each.
+
+``FeedRouter`` and ``AsyncFeedRouter`` call these and only run what they return, so an
+argument rule or an operation cannot exist in one door and differ in the other.
+
+Example (what a door method amounts to)::
+
+    def read(self, receiver_id, **kwargs):
+        return self._run(calls.read(self._view(), receiver_id, **kwargs))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+from bson import ObjectId
+
+from ..config import RouterConfig
+from ..cursor import CursorState, check_state, decode_state
+from ..errors import InvalidItem
+from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
+from .checkpoint import JobStatus, job_status, read_batches
+from .checks import check_data
+from .edits import delete_program, unfollow_program, update_program
+from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
+from .policy import deadline_in
+from .reads import ReadPlan, check_pull, read_program
+from .routing import Routing
+from .settings import MAX_PAGE, Settings
+from .social import MAX_BACKFILL, BackfillResult, backfill_program
+from .steps import Concurrently, Failure, Find, Program
+from .writes import write_program
+
+__all__ = [
+    "Active", "View", "active_filter", "backfill", "delete", "fan_out_status", "plan_fan_out", "read", "unfollow",
+    "update", "write_many",
+]
+
+#: Which receivers get a copy: a predicate, or a container (usually a set) of active ids.
+Active = Callable[[Any], bool] | Container[Any]
+
+
+@attrs.frozen
+class View:
+    """What a call sees of its router: the config, the routing in use, the configured clusters and "now"."""
+
+    config: RouterConfig
+    settings: Settings
+    routing: Routing
+    names: tuple[str, ...]
+    now: datetime
+
+
+def write_many(view: View, items: Iterable[FeedItem], *, indexed: bool = True) -> Program[list[ObjectId]]:
+    """``write_many``: check and route every item first, then write; see :func:`router.core.writes.write_program`."""
+    if not isinstance(items, (list, tuple)):
+        try:
+            items = list(items)
+        except TypeError:
+            raise InvalidItem("items", f"must be an iterable of FeedItem (got {type(items).__name__})") from None
+    return write_program(items, view.routing, view.settings.write, indexed=indexed)
+
+
+def _receiver(value: object, field: str = "receiver_id") -> int | str:
+    if not is_id(value):
+        raise InvalidItem(field, f"{ID_RULE} (got {value!r:.80})")
+    return value
+
+
+def _data_key(value: object) -> str:
+    if not is_text(value):
+        raise InvalidItem("data_key", f"{TEXT_RULE} (got {value!r:.80})")
+    return value
+
+
+def read(
+    view: View, receiver_id: object, *, limit: object = 50, cursor: object = None, on_unavailable: object = None,
+    pull: Sequence[object] | None = None,
+) -> Program[Page]:
+    """``read``: one page, newest first; see :mod:`router.core.reads`."""
+    receiver = _receiver(receiver_id)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidItem("limit", f"must be an int from 1 to {MAX_PAGE} (got {limit!r})")
+    policy = view.config.on_unavailable if on_unavailable is None else on_unavailable
+    if policy not in ("raise", "partial"):
+        raise InvalidItem("on_unavailable", f"must be 'raise' or 'partial' (got {policy!r})")
+    timemap = view.routing.timemap
+    if cursor is None:
+        state = CursorState()
+    else:
+        state = check_state(decode_state(cursor), {m.name: m.start_date for m in timemap.periods})  # type: ignore[arg-type]
+    plan = ReadPlan(
+        receiver_id=receiver, limit=limit, state=state, timemap=timemap, now=view.now, window=view.config.read_window,
+        on_unavailable=policy, deadline=deadline_in(view.settings.timeout),
+        pull=check_pull(pull, limit=view.settings.max_pull),
+    )
+    return read_program(plan)
+
+
+def delete(view: View, data_key: object) -> Program[int]:
+    """``delete``: every copy and the outbox entry, every configured cluster."""
+    return delete_program(_data_key(data_key), view.names, view.settings.edit)
+
+
+def update(view: View, data_key: object, data: object) -> Program[int]:
+    """``update``: new ``data`` in every copy and the outbox entry, every configured cluster."""
+    key = _data_key(data_key)
+    if not isinstance(data, Mapping):
+        raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})")
+    check_data(data, None)
+    return update_program(key, dict(data), view.names, view.settings.edit)
+
+
+def unfollow(view: View, receiver_id: object, sender_id: object) -> Program[int]:
+    """``unfollow``: the sender's copies out of the receiver's feed, every cluster of the read window."""
+    receiver, sender = _receiver(receiver_id), _receiver(sender_id, "sender_id")
+    names = view.routing.timemap.clusters_for_read(now=view.now, window=view.config.read_window)
+    return unfollow_program(receiver, sender, names, view.settings.edit)
+
+
+def backfill(
+    view: View, receiver_id: object, senders: Sequence[object], *, since: datetime | None = None, limit: object = 200,
+) -> Program[BackfillResult]:
+    """``backfill``/``follow``: the senders' newest outbox entries copied into the receiver's feed."""
+    receiver = _receiver(receiver_id)
+    if isinstance(senders, (str, bytes)) or not isinstance(senders, Sequence) or not senders:
+        raise InvalidItem("senders", f"must be a non-empty list of sender ids (got {senders!r:.80})")
+    chosen = check_pull(senders, limit=view.settings.max_pull)
+    count = positive_int("limit", limit, maximum=MAX_BACKFILL)
+    return backfill_program(
+        receiver, chosen, timemap=view.routing.timemap, now=view.now, window=view.config.read_window, since=since,
+        limit=count, policy=view.settings.write.policy, timeout=view.settings.timeout,
+    )
+
+
+def active_filter(active: object) -> Callable[[Any], bool] | None:
+    """The ``active`` argument of a fan-out as a predicate (None: everyone gets a copy)."""
+    if active is None:
+        return None
+    if callable(active):
+        return active
+    if isinstance(active, Container):
+        return active.__contains__
+    raise InvalidItem("active", f"must be a predicate or a set of receiver ids (got {type(active).__name__})")
+
+
+def plan_fan_out(
+    view: View, activity: Activity, *, batch_size: object = None, concurrency: object = None, job_id: str | None = None,
+) -> tuple[Program[FanOutJob], int]:
+    """The program that checks and routes a fan-out job, and the batches it may have in flight."""
+    size = view.config.batch_size if batch_size is None else batch_size
+    slots = positive_int("concurrency", DEFAULT_CONCURRENCY if concurrency is None else concurrency)
+    return plan_job(activity, view.routing, batch_size=size, job_id=job_id), slots  # type: ignore[arg-type]
+
+
+def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
+    """``fan_out_status``: a job's progress from its checkpoint, looked up in every configured cluster."""
+    if not isinstance(job_id, str) or not job_id:
+        raise InvalidItem("job_id", f"must be a non-empty str (got {job_id!r:.80})")
+    deadline = deadline_in(view.settings.timeout)
+    names = list(view.names)
+
+    def one(name: str) -> Program[list[dict[str, Any]] | Failure]:
+        answer: list[dict[str, Any]] | Failure = yield Find(name, "fanouts", {"_id": job_id}, deadline, limit=1)
+        return answer
+
+    answers = yield Concurrently([one(n) for n in names], names)
+    failures = [a.error for a in answers if isinstance(a, Failure)]
+    for name, answer in zip(names, answers):
+        if not isinstance(answer, Failure) and answer:
+            records = yield from read_batches(name, job_id, deadline=deadline)
+            return job_status(name, answer[0], records)
+    if failures:
+        raise failures[0]
+    raise InvalidItem("job_id", f"no cluster has a fan-out job {job_id!r:.80}")

@@ -1,0 +1,216 @@
+"""A fan-out job's checkpoint, in the owning cluster: a job document, and one record per batch written.
+
+::
+
+    fanouts:         {_id: job_id, data_key, event_time, batch_size, status, batches_total,
+                      runs, error, created_at, updated_at}
+    fanout_batches:  {_id: "job_id#n", job: job_id, n, state: "done"|"failed",
+                      written, already_present, skipped, error, at}
+
+A batch is recorded by *inserting* its document: an insert is atomic on every server,
+where concurrent updates of one job document are not (FerretDB loses some of them). A
+batch recorded twice (two workers, a redelivered task) is one document, counted once; a
+failed record is turned into a done one by the run that writes the batch later, and a
+done record is never changed. Any process reads a job's progress from these documents
+(:func:`job_status`), not from the engine that ran it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from ..errors import ClusterUnavailable, FanOutConflict, RouterError
+from ..model import to_utc
+from .policy import deadline_in
+from .steps import Failure, Find, Insert, InsertOutcome, Program, Update
+
+if TYPE_CHECKING:
+    from .fanout import BatchOutcome, FanOutJob
+
+__all__ = [
+    "JobStatus", "check_checkpoint", "done_batches", "finish_checkpoint", "job_status", "millis", "open_checkpoint",
+    "read_batches", "record_batch",
+]
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def millis(t: datetime) -> int:
+    """UTC milliseconds since the epoch, as BSON stores *t*."""
+    return (to_utc(t) - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _batch_id(job_id: str, number: int) -> str:
+    return f"{job_id}#{number}"
+
+
+def record_batch(job: FanOutJob, outcome: BatchOutcome, timeout: float) -> Program[RouterError | None]:
+    """Record batch *outcome* (done or failed) once; a done record is final. Returns an error that stopped it."""
+    deadline = deadline_in(timeout)
+    now = datetime.now(UTC)
+    state = "done" if outcome.complete else "failed"
+    fields: dict[str, Any] = {"job": job.job_id, "n": outcome.number, "state": state, "at": now}
+    if outcome.complete:
+        fields.update(written=outcome.written, already_present=outcome.already_present, skipped=outcome.skipped, error=None)
+    else:
+        fields["error"] = (str(outcome.errors[0]) if outcome.errors else "failed")[:1000]
+    inserted: InsertOutcome = yield Insert(job.cluster, "fanout_batches", [{"_id": _batch_id(job.job_id, outcome.number), **fields}],
+                                          deadline)
+    error: ClusterUnavailable | None = None
+    if inserted.failure is not None:
+        error = inserted.failure.error
+    elif inserted.write_errors and outcome.complete:  # recorded before: turn a failed record into this done one
+        answer = yield Update(job.cluster, "fanout_batches",
+                              {"_id": _batch_id(job.job_id, outcome.number), "state": "failed"}, {"$set": fields},
+                              deadline, one=True)
+        if isinstance(answer, Failure):
+            error = answer.error
+    if error is not None:
+        log.warning("fan-out %r: batch %d: saving the checkpoint failed (a resume redoes it, harmlessly): %s",
+                    job.job_id, outcome.number, error)
+    return error
+
+
+def read_batches(cluster: str, job_id: str, *, deadline: float) -> Program[list[dict[str, Any]]]:
+    """Every batch record of job *job_id*; raises the cluster's error if they cannot be read."""
+    found: list[dict[str, Any]] | Failure = yield Find(
+        cluster, "fanout_batches", {"job": job_id}, deadline,
+        projection={"n": 1, "state": 1, "written": 1, "already_present": 1, "skipped": 1},
+    )
+    if isinstance(found, Failure):
+        raise found.error
+    return found
+
+
+def done_batches(records: Iterable[Mapping[str, Any]]) -> set[int]:
+    """The numbers of the batches *records* mark done."""
+    return {int(r["n"]) for r in records if r.get("state") == "done" and type(r.get("n")) is int}
+
+
+def open_checkpoint(job: FanOutJob, *, timeout: float) -> Program[set[int]]:
+    """Load (or create) the job's checkpoint and mark it running; return the batch numbers done.
+
+    Raises :class:`FanOutConflict` if the job id's checkpoint belongs to another activity or
+    another batch size, :class:`ClusterUnavailable` if it cannot be read.
+    """
+    deadline = deadline_in(timeout)
+    found = yield Find(job.cluster, "fanouts", {"_id": job.job_id}, deadline, limit=1)
+    if isinstance(found, Failure):
+        raise found.error
+    now = datetime.now(UTC)
+    if not found:
+        fresh = {
+            "_id": job.job_id, "data_key": job.activity.data_key, "event_time": job.activity.event_time,
+            "batch_size": job.batch_size, "status": "running", "batches_total": None, "runs": 1, "error": None,
+            "created_at": now, "updated_at": now,
+        }
+        outcome: InsertOutcome = yield Insert(job.cluster, "fanouts", [fresh], deadline)
+        if outcome.failure is not None:
+            raise outcome.failure.error
+        if not outcome.write_errors:
+            return set()
+        found = yield Find(job.cluster, "fanouts", {"_id": job.job_id}, deadline, limit=1)  # created meanwhile
+        if isinstance(found, Failure):
+            raise found.error
+        if not found:
+            raise FanOutConflict(job.job_id, "its checkpoint was removed while this run opened it")
+    check_checkpoint(job, found[0])
+    records = yield from read_batches(job.cluster, job.job_id, deadline=deadline)
+    answer = yield Update(job.cluster, "fanouts", {"_id": job.job_id},
+                          {"$set": {"status": "running", "updated_at": now}, "$inc": {"runs": 1}}, deadline, one=True)
+    if isinstance(answer, Failure):
+        raise answer.error
+    return done_batches(records)
+
+
+def check_checkpoint(job: FanOutJob, doc: Mapping[str, Any]) -> None:
+    """Raise :class:`FanOutConflict` unless *doc* is this job's checkpoint (same activity, same batch size)."""
+    if doc.get("data_key") != job.activity.data_key:
+        raise FanOutConflict(job.job_id, f"its checkpoint is for data_key {doc.get('data_key')!r:.80}, not {job.activity.data_key!r:.80}")
+    stored = doc.get("event_time")
+    if not isinstance(stored, datetime) or millis(stored) != millis(job.activity.event_time):
+        raise FanOutConflict(job.job_id, f"its checkpoint is for event_time {stored!r}, not {job.activity.event_time.isoformat()}")
+    if doc.get("batch_size") != job.batch_size:
+        raise FanOutConflict(
+            job.job_id,
+            f"its checkpoint counts batches of {doc.get('batch_size')!r} receivers; resuming with "
+            f"batch_size={job.batch_size} would skip the wrong receivers (pass batch_size="
+            f"{doc.get('batch_size')!r}, or a new job_id to start over)",
+        )
+
+
+def finish_checkpoint(
+    job: FanOutJob, *, status: Literal["done", "failed", "cancelled", "published"], total: int | None, error: str | None,
+    timeout: float,
+) -> Program[ClusterUnavailable | None]:
+    """Record how a run (or the publishing of a distributed job) ended; ``total`` once every receiver was read."""
+    fields: dict[str, Any] = {"status": status, "error": error, "updated_at": datetime.now(UTC)}
+    if total is not None:
+        fields["batches_total"] = total
+    answer = yield Update(job.cluster, "fanouts", {"_id": job.job_id}, {"$set": fields}, deadline_in(timeout), one=True)
+    if isinstance(answer, Failure):
+        log.warning("fan-out %r: saving its final state failed: %s", job.job_id, answer.error)
+        return answer.error
+    return None
+
+
+@attrs.frozen
+class JobStatus:
+    """A job's progress as its checkpoint tells it, readable from any process.
+
+    ``state`` is ``done`` (every batch written), ``failed`` (some batch failed and the last
+    run, or the publisher, has ended), ``cancelled``, or ``running`` (batches still being
+    written, or the receivers not all read yet). Counts add up the batches done.
+    """
+
+    job_id: str
+    cluster: str
+    state: str
+    batches_done: int
+    batches_total: int | None
+    failed_batches: tuple[int, ...]
+    written: int
+    already_present: int
+    skipped: int
+    runs: int
+    error: str | None
+    updated_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as plain JSON values."""
+        out = attrs.asdict(self)
+        out["failed_batches"] = list(self.failed_batches)
+        out["updated_at"] = self.updated_at.isoformat() if self.updated_at else None
+        return out
+
+
+def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> JobStatus:
+    """The :class:`JobStatus` of job document *doc* and its batch *records* (stored in *cluster*)."""
+    records = list(records)
+    done = [r for r in records if r.get("state") == "done"]
+    failed = tuple(sorted(int(r["n"]) for r in records if r.get("state") == "failed" and type(r.get("n")) is int))
+    total = doc.get("batches_total")
+    total = total if type(total) is int else None
+    recorded = str(doc.get("status") or "running")
+    if total is not None and len(done) >= total:
+        state = "done"
+    elif recorded == "cancelled":
+        state = "cancelled"
+    elif recorded == "failed" or (failed and recorded in ("published", "done")):
+        state = "failed"
+    else:
+        state = "running"
+    return JobStatus(
+        job_id=str(doc.get("_id")), cluster=cluster, state=state, batches_done=len(done), batches_total=total,
+        failed_batches=failed, written=sum(int(r.get("written") or 0) for r in done),
+        already_present=sum(int(r.get("already_present") or 0) for r in done),
+        skipped=sum(int(r.get("skipped") or 0) for r in done), runs=int(doc.get("runs") or 0), error=doc.get("error"),
+        updated_at=doc.get("updated_at") if isinstance(doc.get("updated_at"), datetime) else None,
+    )

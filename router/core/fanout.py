@@ -1,0 +1,246 @@
+"""Fan-out on write, engine-free: plan a job, cut receivers into batches, write one batch, keep the checkpoint.
+
+Any engine drives these: the thread pool of ``FeedRouter.fan_out``, the asyncio tasks of
+``AsyncFeedRouter.fan_out``, or Celery workers (:mod:`router.fanout.celery`). Each only
+decides *where* a batch runs; what a batch does is here, once.
+
+**Where.** Every copy of one activity has the same ``event_time``, so the whole job goes
+to one cluster, chosen by :meth:`~router.core.routing.Routing.locate` (with the horizon
+rule) before anything is written.
+
+**Idempotent ids.** A copy's ``_id`` is :func:`router.ids.copy_id` of the event second,
+``data_key`` and receiver: writing it again (a rerun, a retry, a task delivered twice)
+is a duplicate-key no-op counted ``already_present``. Exactly one copy per receiver.
+
+**Batches.** Receivers are cut into batches of ``batch_size`` consecutive receivers;
+batch numbers are positions in the stream, so a resume must read the same receivers in
+the same order with the same ``batch_size``. Each written batch is recorded in the job's
+checkpoint (:mod:`router.core.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import attrs
+
+from ..errors import InvalidItem, RouterError
+from ..ids import copy_ids
+from ..model import Activity, copy_documents, to_utc
+from .checkpoint import millis, record_batch
+from .checks import check_activity, receiver_problem
+from .policy import RetryPolicy, deadline_in
+from .routing import Routing, routed
+from .steps import Failure, Program
+from .writes import insert_program
+
+__all__ = [
+    "BatchOutcome",
+    "DEFAULT_CONCURRENCY",
+    "FANOUTS_COLLECTION",
+    "FanOutJob",
+    "MAX_BATCH_SIZE",
+    "MAX_ERRORS",
+    "MAX_FAILED_RECEIVERS",
+    "batch_program",
+    "batches",
+    "plan_job",
+    "positive_int",
+]
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+#: The collection, in the owning cluster's database, that holds one checkpoint per job.
+FANOUTS_COLLECTION = "fanouts"
+#: Batches in flight per job when ``concurrency`` is not given.
+DEFAULT_CONCURRENCY = 4
+#: The most failed receivers a result lists; ``FanOutResult.failed`` is always the full count.
+MAX_FAILED_RECEIVERS = 10_000
+#: The most distinct errors a result keeps (every one is logged).
+MAX_ERRORS = 100
+#: The largest ``batch_size`` accepted (a batch of copies must fit one 48 MB wire message).
+MAX_BATCH_SIZE = 100_000
+
+
+def positive_int(name: str, value: object, *, maximum: int | None = None) -> int:
+    """*value* if it is an int from 1 (to *maximum*), else :class:`InvalidItem` naming *name*."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (maximum is not None and value > maximum):
+        bound = f"from 1 to {maximum}" if maximum is not None else "of at least 1"
+        raise InvalidItem(name, f"must be an int {bound} (got {value!r})")
+    return value
+
+
+@attrs.frozen
+class FanOutJob:
+    """One fan-out, planned: the activity, its owner cluster, the batch size and the job id.
+
+    Plain values only, so it travels as JSON (:meth:`to_json`) to workers on other machines.
+    """
+
+    job_id: str
+    cluster: str
+    activity: Activity
+    batch_size: int
+
+    @property
+    def seconds(self) -> int:
+        """The event second every copy's ``_id`` carries."""
+        return int(self.activity.event_time.timestamp())
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe description (``data`` must be JSON-safe too, as it is for Celery's JSON serializer)."""
+        a = self.activity
+        return {
+            "job_id": self.job_id, "cluster": self.cluster, "batch_size": self.batch_size,
+            "activity": {"sender_id": a.sender_id, "event_time_ms": millis(a.event_time), "type": a.type,
+                         "data": dict(a.data), "data_key": a.data_key},
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> FanOutJob:
+        """The job :meth:`to_json` described; :class:`InvalidItem` if it is malformed."""
+        try:
+            a = value["activity"]
+            activity = Activity(
+                sender_id=a["sender_id"], event_time=_EPOCH + timedelta(milliseconds=int(a["event_time_ms"])),
+                type=a["type"], data=a["data"], data_key=a["data_key"],
+            )
+            job = cls(job_id=str(value["job_id"]), cluster=str(value["cluster"]), activity=activity,
+                      batch_size=positive_int("batch_size", value["batch_size"], maximum=MAX_BATCH_SIZE))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidItem("job", f"is not a fan-out job description ({type(exc).__name__}: {exc})") from None
+        check_activity(job.activity)
+        return job
+
+
+def plan_job(
+    activity: Activity, routing: Routing, *, batch_size: int, job_id: str | None = None
+) -> Program[FanOutJob]:
+    """Check *activity*, choose its cluster (refreshing once past the horizon) and name the job.
+
+    The default job id is ``f"{data_key}:{event_time in UTC ms}"``, so running the same
+    activity again resumes it. Raises :class:`InvalidItem`, :class:`NoClusterForTime`,
+    :class:`StaleMetadata` before anything is written.
+    """
+    ts = check_activity(activity)
+    size = positive_int("batch_size", batch_size, maximum=MAX_BATCH_SIZE)
+    if job_id is None:
+        job_id = f"{activity.data_key}:{millis(activity.event_time)}"
+    elif not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
+        raise InvalidItem("job_id", f"must be a non-empty str of at most 1024 characters (got {job_id!r:.80})")
+    located, _routing = yield from routed(
+        lambda r: r.locate(ts), routing, where=lambda _past: (activity.event_time, "event_time")
+    )
+    event_time = to_utc(activity.event_time)
+    return FanOutJob(job_id=job_id, cluster=located[0], activity=attrs.evolve(activity, event_time=event_time), batch_size=size)
+
+
+def batches(receivers: Iterable[Any], size: int) -> Iterator[tuple[int, int, list[Any]]]:
+    """``(number, position of its first receiver, receivers)`` for consecutive batches of *size*, read lazily."""
+    stream = iter(receivers)
+    number = position = 0
+    while True:
+        chunk = []
+        for receiver in stream:
+            chunk.append(receiver)
+            if len(chunk) == size:
+                break
+        if not chunk:
+            return
+        yield number, position, chunk
+        number += 1
+        position += len(chunk)
+
+
+@attrs.frozen
+class BatchOutcome:
+    """What writing one batch did. ``complete``: every valid receiver has its copy and none was invalid.
+
+    ``stopped`` is set when the cluster itself failed: an engine should stop sending batches.
+    """
+
+    number: int
+    receivers: int
+    written: int
+    already_present: int
+    skipped: int
+    failed_receivers: tuple[int | str, ...]
+    invalid: int
+    errors: tuple[RouterError, ...]
+    stopped: Failure | None = None
+
+    @property
+    def failed(self) -> int:
+        """Receivers of this batch left without a confirmed copy (invalid ones included)."""
+        return len(self.failed_receivers) + self.invalid
+
+    @property
+    def complete(self) -> bool:
+        return self.failed == 0
+
+
+def batch_program(
+    job: FanOutJob,
+    number: int,
+    first: int,
+    receivers: Sequence[Any],
+    *,
+    policy: RetryPolicy,
+    timeout: float,
+    active: Callable[[Any], bool] | None = None,
+    data: Any = None,
+    record: bool = True,
+) -> Program[BatchOutcome]:
+    """Write batch *number* (receivers from stream position *first*) and record it in the checkpoint.
+
+    Receivers that are not valid ids fail alone, named with their stream position; ones
+    *active* rejects are skipped. *data* is the activity's data encoded once per job
+    (shared by every copy). The batch gets ``timeout`` seconds, retries included.
+    """
+    valid: list[int | str] = []
+    invalid: list[RouterError] = []
+    skipped = 0
+    for position, receiver in enumerate(receivers, first):
+        problem = receiver_problem(receiver)
+        if problem is not None:
+            invalid.append(InvalidItem(f"receivers[{position}]", problem))
+        elif active is not None and not active(receiver):
+            skipped += 1
+        else:
+            valid.append(receiver)
+    a = job.activity
+    ids = copy_ids(job.seconds, a.data_key, valid)
+    docs = copy_documents(ids, valid, a, data=data)
+    written = already = 0
+    failed: list[int | str] = []
+    errors: list[RouterError] = list(invalid)
+    stopped: Failure | None = None
+    if docs:
+        result = yield from insert_program(
+            job.cluster, "feed", docs, policy=policy, deadline=deadline_in(timeout), duplicates="present"
+        )
+        written, already, stopped = result.written, len(result.present), result.stopped
+        failed = [valid[p] for p in sorted(result.failed)]
+        seen: set[str] = set()
+        for error in result.failed.values():
+            if str(error) not in seen:
+                seen.add(str(error))
+                errors.append(error)
+    outcome = BatchOutcome(
+        number=number, receivers=len(receivers), written=written, already_present=already, skipped=skipped,
+        failed_receivers=tuple(failed), invalid=len(invalid), errors=tuple(errors), stopped=stopped,
+    )
+    if invalid:
+        log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0])
+    if record:
+        trouble = yield from record_batch(job, outcome, timeout)
+        if trouble is not None:
+            outcome = attrs.evolve(outcome, errors=outcome.errors + (trouble,))
+    return outcome
+
+

@@ -1,0 +1,91 @@
+"""The retry policy and the deadlines: what is tried again, how often, how long anything may wait.
+
+One home for these rules; every writer (``write_many``, fan-out batches, backfill,
+edits) and both front doors follow them.
+
+* **Deadlines.** A public call gets ``timeout`` seconds (clusters.yaml ``timeout``,
+  default 10 s) from when it starts: every request it sends is bounded by what is
+  left, retries and pauses included. Work that grows with the data (deletes and edits
+  of many copies, fan-out batches) goes in steps, and each step gets its own
+  ``timeout``. A cluster that fails a step is asked nothing more in that call.
+* **What is retried.** Only a request that failed as :attr:`~Failure.retryable`
+  (the connection broke mid-request, a step-down) and documents refused with a
+  transient code (not primary, shutting down, interrupted), up to ``attempts`` tries
+  in all, with exponential backoff from ``backoff`` (doubled each time, capped at
+  :data:`BACKOFF_CAP`, jittered by ±50%), and never past the deadline. A timeout is
+  not retried: the time it had is spent.
+* **Duplicates** (code 11000) are not errors here: each writer decides what one means
+  (an earlier attempt of the same write, or a collision to resolve).
+
+Example::
+
+    policy = RetryPolicy(attempts=3, backoff=0.1)
+    policy.pause(1, deadline=time.monotonic() + 10)     # about 0.1 s; None when no time is left
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Literal, TypeAlias
+
+import attrs
+
+__all__ = [
+    "BACKOFF_CAP",
+    "CodeKind",
+    "DUPLICATE_KEY",
+    "RetryPolicy",
+    "TRANSIENT_WRITE_CODES",
+    "code_kind",
+    "deadline_in",
+    "remaining",
+]
+
+#: The server's duplicate key error code.
+DUPLICATE_KEY = 11000
+#: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
+TRANSIENT_WRITE_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
+#: The longest pause between two tries, in seconds.
+BACKOFF_CAP = 5.0
+#: What a write error code means to a writer.
+CodeKind: TypeAlias = Literal["duplicate", "transient", "refused"]
+
+
+def code_kind(code: int | None) -> CodeKind:
+    """``duplicate`` for 11000, ``transient`` for the codes worth retrying, else ``refused``."""
+    if code == DUPLICATE_KEY:
+        return "duplicate"
+    if code in TRANSIENT_WRITE_CODES:
+        return "transient"
+    return "refused"
+
+
+def deadline_in(seconds: float) -> float:
+    """The absolute deadline (``time.monotonic()`` seconds) *seconds* from now."""
+    return time.monotonic() + seconds
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left before *deadline* (negative once passed)."""
+    return deadline - time.monotonic()
+
+
+@attrs.frozen
+class RetryPolicy:
+    """How often and how patiently a request is tried: ``attempts`` in all, backoff from ``backoff`` seconds."""
+
+    attempts: int = 3
+    backoff: float = 0.1
+
+    def pause(self, retry: int, *, deadline: float) -> float | None:
+        """The pause before retry number *retry* (1 for the first), or ``None`` when no retry is allowed.
+
+        None when *retry* would exceed ``attempts`` or the pause would end past *deadline*.
+        """
+        if retry >= self.attempts:
+            return None
+        delay: float = min(BACKOFF_CAP, self.backoff * 2.0 ** (retry - 1)) * random.uniform(0.5, 1.5)
+        if remaining(deadline) <= delay:
+            return None
+        return delay

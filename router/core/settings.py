@@ -1,0 +1,38 @@
+"""The tunables both front doors and the workers read from one :class:`~router.config.RouterConfig`."""
+
+from __future__ import annotations
+
+import attrs
+
+from ..config import RouterConfig
+from .edits import EditSettings
+from .policy import RetryPolicy
+from .writes import WriteSettings
+
+__all__ = ["MAX_PAGE", "Settings"]
+
+#: The largest page a single read returns.
+MAX_PAGE = 1000
+
+
+@attrs.frozen
+class Settings:
+    """Writes, edits and reads, as the config sets them; ``timeout`` in seconds."""
+
+    write: WriteSettings
+    edit: EditSettings
+    timeout: float
+    max_pull: int = 1000
+    pull_threshold: int | None = None
+
+    @classmethod
+    def from_config(cls, config: RouterConfig) -> Settings:
+        timeout = config.timeout.total_seconds()
+        policy = RetryPolicy(attempts=config.write_retries + 1, backoff=config.retry_backoff.total_seconds())
+        return cls(
+            write=WriteSettings(batch_size=config.batch_size, policy=policy, timeout=timeout),
+            edit=EditSettings(timeout=timeout),
+            timeout=timeout,
+            max_pull=config.max_pull,
+            pull_threshold=config.pull_threshold,
+        )

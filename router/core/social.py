@@ -1,0 +1,160 @@
+"""The social half: the author's outbox, pushed or pulled authors, and inboxes rebuilt from outboxes.
+
+* **publish** stores the activity once in its author's outbox (the cluster owning its
+  ``event_time``, collection ``outbox``, ``_id`` :func:`~router.ids.outbox_id`, so a
+  repeat stores nothing new), then either fans it out to the followers or, for an author
+  who is *pulled*, writes no copies: followers' reads merge the outbox in
+  (``read(..., pull=[author])``).
+* **Pull or push.** ``pull=True``/``False`` per call decides. Otherwise, with
+  ``fanout.pull_threshold`` set, the followers are counted: ``len()`` when the caller
+  passes a sequence, else while streaming, holding at most ``threshold + 1`` ids (the
+  decision must come before the first copy is written, and this needs no separate
+  follower count from the caller). More than the threshold: pulled.
+* **backfill** copies the senders' outbox entries (newest first, newer than ``since``,
+  at most ``limit``) into one receiver's feed with the same derived ``_id``\\ s fan-out
+  uses, so racing a live fan-out, or running twice, leaves one copy each. It rebuilds a
+  dormant user's inbox and backs ``follow``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+import attrs
+
+from ..errors import InvalidItem
+from ..ids import copy_ids, outbox_id
+from ..model import Activity, copy_documents, outbox_document, to_utc
+from ..timemap import ReadWindow, TimeMap
+from .fanout import FanOutJob
+from .policy import RetryPolicy, deadline_in
+from .reads import PAGE_SORT
+from .steps import Failure, Find, Program
+from .tally import FanOutResult
+from .writes import insert_program
+
+__all__ = ["BackfillResult", "PublishResult", "choose_path", "backfill_program", "store_outbox"]
+
+log = logging.getLogger(__name__)
+#: The most outbox entries one backfill copies.
+MAX_BACKFILL = 10_000
+
+
+def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float) -> Program[bool]:
+    """Store the job's activity in its author's outbox; True if it is new, False if it was there already.
+
+    Raises the cluster's error if it cannot be stored: nothing is fanned out then.
+    """
+    a = job.activity
+    doc = outbox_document(outbox_id(job.seconds, a.data_key), a)
+    result = yield from insert_program(job.cluster, "outbox", [doc], policy=policy, deadline=deadline_in(timeout),
+                                       duplicates="present")
+    if result.failed:
+        raise result.failed[0]
+    return result.written == 1
+
+
+def choose_path(
+    followers: Iterable[Any], *, pull: bool | None, threshold: int | None
+) -> tuple[Literal["push", "pull"], Iterable[Any], int | None]:
+    """Push or pull, the receivers to push to, and the follower count the decision used (None when not counted)."""
+    if pull is not None:
+        if not isinstance(pull, bool):
+            raise InvalidItem("pull", f"must be True, False or None (got {pull!r})")
+        return ("pull" if pull else "push"), followers, None
+    if threshold is None:
+        return "push", followers, None
+    if isinstance(followers, Sequence):
+        count = len(followers)
+        return ("pull" if count > threshold else "push"), followers, count
+    stream = iter(followers)
+    head = list(itertools.islice(stream, threshold + 1))
+    if len(head) > threshold:
+        return "pull", (), None
+    return "push", head, len(head)
+
+
+@attrs.frozen(kw_only=True)
+class PublishResult:
+    """What :meth:`publish` did: the path taken (``"push"`` or ``"pull"``), whether the outbox entry is new,
+    the follower count the decision used (``None`` when not counted), and for a push the fan-out's
+    result (``fan_out``) or, in background mode, its handle (``handle``)."""
+
+    job_id: str
+    cluster: str
+    path: Literal["push", "pull"]
+    outbox_new: bool
+    followers: int | None = None
+    fan_out: FanOutResult | None = None
+    handle: Any = None
+
+
+@attrs.frozen
+class BackfillResult:
+    """What a backfill did: copies stored now, copies there already, clusters read."""
+
+    written: int
+    already_present: int
+    clusters: tuple[str, ...]
+
+    @property
+    def copied(self) -> int:
+        """Outbox entries now in the receiver's feed, stored by this call or earlier."""
+        return self.written + self.already_present
+
+
+def backfill_program(
+    receiver_id: int | str,
+    senders: Sequence[int | str],
+    *,
+    timemap: TimeMap,
+    now: datetime,
+    window: ReadWindow | None,
+    since: datetime | None,
+    limit: int,
+    policy: RetryPolicy,
+    timeout: float,
+) -> Program[BackfillResult]:
+    """Copy *senders*' newest outbox entries into *receiver_id*'s feed, newest cluster first, each cluster in one step.
+
+    Raises the failing cluster's :class:`ClusterUnavailable` (copies stored so far stay;
+    running it again completes it, with no second copy).
+    """
+    after = to_utc(since, field="since") if since is not None else None
+    written = present = 0
+    read: list[str] = []
+    remaining = limit
+    for cluster in timemap.clusters_for_read(now=now, window=window):
+        if remaining <= 0:
+            break
+        match: dict[str, Any] = {"sender_id": {"$in": list(senders)}}
+        if after is not None:
+            match["event_time"] = {"$gt": after}
+        deadline = deadline_in(timeout)
+        found = yield Find(cluster, "outbox", match, deadline, sort=PAGE_SORT, limit=remaining)
+        if isinstance(found, Failure):
+            raise found.error
+        read.append(cluster)
+        remaining -= len(found)
+        docs: list[dict[str, Any]] = []
+        for entry in found:
+            activity = Activity.from_document(entry)
+            (oid,) = copy_ids(int(activity.event_time.timestamp()), activity.data_key, [receiver_id])
+            docs.extend(copy_documents([oid], [receiver_id], activity))
+        if docs:
+            result = yield from insert_program(cluster, "feed", docs, policy=policy, deadline=deadline,
+                                               duplicates="present")
+            if result.failed:
+                raise next(iter(result.failed.values()))
+            written += result.written
+            present += len(result.present)
+        period = next(m for m in timemap.periods if m.name == cluster)
+        if after is not None and period.start_date <= after:
+            break  # older clusters hold nothing newer than `since`
+    log.info("backfill of %r from %d senders: %d copied, %d there already, clusters %s",
+             receiver_id, len(senders), written, present, ", ".join(read) or "-")
+    return BackfillResult(written=written, already_present=present, clusters=tuple(read))

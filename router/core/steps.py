@@ -1,0 +1,212 @@
+"""The conversation between the I/O-free core and a driver: requests the core yields, answers it gets back.
+
+Every operation of the router is a *program*: a generator that yields one request at a
+time and receives the driver's answer. The core decides everything (where a write goes,
+what a page asks for, when to retry); a driver (threads over ``MongoClient``, or asyncio
+over ``AsyncMongoClient``) only carries requests out. This is the sans-I/O design of h11:
+one core, two thin drivers, no rule written twice.
+
+Example (a program and how any driver runs it)::
+
+    def count_program(cluster):
+        docs = yield Find(cluster, "feed", {"receiver_id": 7}, deadline=deadline)
+        return len(docs) if not isinstance(docs, Failure) else 0
+
+    # a driver:  reply = None; loop: request = program.send(reply); reply = execute(request)
+
+A request that reaches a server carries an absolute ``deadline`` (``time.monotonic()``
+seconds): the driver gives the server only what is left of it (``pymongo.timeout``), so
+no call waits longer than its deadline. Driver errors never reach the core as
+exceptions: they come back as a :class:`Failure` value, already classified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, Literal, TypeAlias, TypeVar
+
+import attrs
+
+from ..errors import ClusterUnavailable, RouterError
+
+__all__ = [
+    "Collection",
+    "Concurrently",
+    "Count",
+    "Delete",
+    "Failure",
+    "FailureKind",
+    "Find",
+    "Insert",
+    "InsertOutcome",
+    "Program",
+    "Refresh",
+    "Request",
+    "Sleep",
+    "Update",
+    "UpdateOutcome",
+    "WriteError",
+]
+
+T = TypeVar("T")
+#: A collection, by role; the storage layer maps each to the configured name.
+Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "metadata"]
+#: How a failed request failed, which decides what may be done next (see :mod:`router.core.policy`).
+FailureKind: TypeAlias = Literal["transient", "timeout", "unavailable", "refused", "too_large"]
+
+
+@attrs.frozen(slots=True)
+class Failure:
+    """A request that failed as a whole. ``error`` names the cluster and never holds a password.
+
+    * ``transient``: the connection broke mid-request, or a step-down; the request may or
+      may not have been carried out, and trying again may work.
+    * ``timeout``: no answer before the deadline (or the socket timeout); not retried,
+      because the time it had is spent.
+    * ``unavailable``: no server could be selected, or the router is closing.
+    * ``refused``: the server answered with an error (authentication, a bad command).
+    * ``too_large``: the server refused a statement as too large for it (FerretDB's limits on
+      statement parameters: 32,766 on SQLite, 65,535 on PostgreSQL); a smaller one may pass.
+    """
+
+    kind: FailureKind
+    error: ClusterUnavailable
+
+    @property
+    def retryable(self) -> bool:
+        """True for the one kind worth trying again within the deadline."""
+        return self.kind == "transient"
+
+
+@attrs.frozen(slots=True)
+class Find:
+    """``find`` on one cluster; answered with the list of documents, or a :class:`Failure`."""
+
+    cluster: str
+    collection: Collection
+    filter: Mapping[str, Any]
+    deadline: float
+    sort: Sequence[tuple[str, int]] | None = None
+    limit: int = 0
+    projection: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(slots=True)
+class Count:
+    """``count_documents``; answered with the count, or a :class:`Failure`."""
+
+    cluster: str
+    collection: Collection
+    filter: Mapping[str, Any]
+    deadline: float
+
+
+@attrs.frozen(slots=True)
+class Insert:
+    """Unordered ``insert_many``; answered with an :class:`InsertOutcome` (never a bare Failure)."""
+
+    cluster: str
+    collection: Collection
+    documents: Sequence[Mapping[str, Any]]
+    deadline: float
+
+
+@attrs.frozen(slots=True)
+class Delete:
+    """``delete_many``; answered with the number deleted, or a :class:`Failure`."""
+
+    cluster: str
+    collection: Collection
+    filter: Mapping[str, Any]
+    deadline: float
+
+
+@attrs.frozen(slots=True)
+class Update:
+    """``update_many`` (or ``update_one`` with *one*); answered with an :class:`UpdateOutcome` or a Failure."""
+
+    cluster: str
+    collection: Collection
+    filter: Mapping[str, Any]
+    update: Mapping[str, Any]
+    deadline: float
+    upsert: bool = False
+    one: bool = False
+
+
+@attrs.frozen(slots=True)
+class Sleep:
+    """Pause this program (not the others) for *seconds*; answered with ``None``."""
+
+    seconds: float
+
+
+@attrs.frozen(slots=True)
+class Concurrently:
+    """Run sub-programs at the same time; answered with their return values, in order.
+
+    ``lanes[i]`` names the cluster sub-program ``i`` talks to, so a driver can keep a hung
+    cluster from tying up the others (one thread pool per cluster). A sub-program that
+    raises makes the whole request raise, after the others finished.
+    """
+
+    programs: Sequence[Program[Any]]
+    lanes: Sequence[str]
+
+
+@attrs.frozen(slots=True)
+class Refresh:
+    """Reload every cluster's metadata now; answered with the new routing, or the RouterError that stopped it."""
+
+
+@attrs.frozen(slots=True)
+class WriteError:
+    """One document an insert refused: its position in the request, the server's code and message."""
+
+    index: int
+    code: int | None
+    message: str
+
+
+@attrs.frozen(slots=True)
+class InsertOutcome:
+    """What an unordered insert did, document by document.
+
+    Documents not named in ``write_errors`` were stored, unless ``failure`` is set (the
+    send failed: every such document's outcome is unknown) or ``write_concern`` is set
+    (they were stored, but less durably than asked: in doubt).
+    """
+
+    write_errors: tuple[WriteError, ...] = ()
+    failure: Failure | None = None
+    write_concern: str | None = None
+
+
+@attrs.frozen(slots=True)
+class UpdateOutcome:
+    """What an update did: documents matched and modified."""
+
+    matched: int
+    modified: int
+
+
+Request: TypeAlias = Find | Count | Insert | Delete | Update | Sleep | Concurrently | Refresh
+#: A core operation: yields requests, receives answers, returns a value of type T.
+Program: TypeAlias = Generator[Request, Any, T]
+
+
+def unwrap(answer: T | Failure) -> T:
+    """*answer*, or raise the failure's :class:`ClusterUnavailable` (for steps that cannot go on without it)."""
+    if isinstance(answer, Failure):
+        raise answer.error
+    return answer
+
+
+def refreshed(answer: object) -> Any:
+    """The routing a :class:`Refresh` returned, or raise the :class:`RouterError` that stopped it."""
+    if isinstance(answer, RouterError):
+        raise answer
+    return answer
+
+
+__all__ += ["unwrap", "refreshed"]

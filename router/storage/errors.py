@@ -1,0 +1,60 @@
+"""Driver errors, classified: what went wrong with a cluster, in the core's terms, without a password.
+
+:func:`classify` is the only place that looks at pymongo's exception types; everything
+above it reads a :class:`~router.core.steps.Failure` (and its ``kind``) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pymongo.errors import AutoReconnect, ConnectionFailure, InvalidOperation, OperationFailure, ServerSelectionTimeoutError
+
+from ..config import redact_uri
+from ..core.policy import TRANSIENT_WRITE_CODES
+from ..core.steps import Failure, FailureKind
+from ..errors import ClusterUnavailable
+
+__all__ = ["STATEMENT_TOO_LARGE", "classify", "driver_error"]
+
+#: FerretDB's errors for a statement with more parameters than its backend takes:
+#: SQLite (32,766) and PostgreSQL's extended protocol (65,535).
+STATEMENT_TOO_LARGE = ("too many SQL variables", "extended protocol limited to 65535 parameters")
+
+
+def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterUnavailable:
+    """A :class:`ClusterUnavailable` for a driver error, with any URI password redacted.
+
+    *secrets* (the cluster's configured password) are masked word for word as well.
+    Raise it ``from exc`` so the driver's traceback stays attached.
+    """
+    text = redact_uri(str(exc).split("\n", 1)[0])
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")
+
+
+def _kind(exc: BaseException) -> FailureKind:
+    if isinstance(exc, ServerSelectionTimeoutError):
+        return "unavailable"
+    if getattr(exc, "timeout", False):  # PyMongoError.timeout: the socket timeout or the deadline ran out
+        return "timeout"
+    if isinstance(exc, AutoReconnect):  # connection lost mid-request, not primary, step-down
+        return "transient"
+    if isinstance(exc, (ConnectionFailure, InvalidOperation)):
+        return "unavailable"
+    if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_WRITE_CODES:
+        return "transient"
+    if isinstance(exc, OperationFailure) and any(m in str(exc) for m in STATEMENT_TOO_LARGE):
+        return "too_large"
+    return "refused"  # the server answered with an error, or BSON could not encode the request
+
+
+def classify(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> Failure:
+    """The :class:`Failure` for driver error *exc* on *cluster*; its error is chained to *exc*."""
+    error = driver_error(cluster, exc, doing=doing, secrets=secrets)
+    error.__cause__ = exc
+    return Failure(_kind(exc), error)

@@ -1,0 +1,122 @@
+"""How each core request maps onto a pymongo collection call, shared by the sync and the async storage.
+
+The two storages differ only in whether they ``await`` the call; what is called, what
+its result becomes, and what its failure becomes are decided here, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bson.errors import BSONError
+from pymongo.errors import BulkWriteError, PyMongoError
+
+from ..core.steps import (
+    Count,
+    Delete,
+    Failure,
+    Find,
+    Insert,
+    InsertOutcome,
+    Update,
+    UpdateOutcome,
+    WriteError,
+)
+from ..errors import ClusterUnavailable
+from .errors import classify
+
+__all__ = ["IORequest", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "time_left"]
+
+IORequest = Find | Count | Insert | Delete | Update
+#: A request ready to send: the zero-argument call (returning a value, or an awaitable of it
+#: for the async client) and what turns its result into the core's answer.
+Call = tuple[Callable[[], Any], Callable[[Any], Any]]
+
+_SENT_AS_IS: Callable[[Any], Any] = lambda raw: raw  # noqa: E731
+
+
+def call_for(request: IORequest, coll: Any) -> Call:
+    """The pymongo call for *request* on collection *coll* (sync or async: the same methods)."""
+    if isinstance(request, Find):
+        cursor = coll.find(request.filter, request.projection, sort=request.sort, limit=request.limit)
+        return cursor.to_list, _SENT_AS_IS
+    if isinstance(request, Insert):
+        documents = list(request.documents)
+        return (lambda: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())
+    if isinstance(request, Delete):
+        return (lambda: coll.delete_many(request.filter)), (lambda raw: int(raw.deleted_count))
+    if isinstance(request, Count):
+        return (lambda: coll.count_documents(request.filter)), (lambda raw: int(raw))
+    update = coll.update_one if request.one else coll.update_many
+    return (
+        (lambda: update(request.filter, request.update, upsert=request.upsert)),
+        (lambda raw: UpdateOutcome(int(raw.matched_count), int(raw.modified_count))),
+    )
+
+
+_WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": "fan-out checkpoint",
+         "fanout_batches": "fan-out checkpoint"}
+
+
+def describe(request: IORequest) -> str:
+    """What *request* was doing, for error messages: ``reading metadata``, ``writing feed`` ..."""
+    verb = {Find: "reading", Count: "counting", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
+    return f"{verb} {_WHAT.get(request.collection, request.collection)}"
+
+
+def time_left(request: IORequest, client: Any) -> float:
+    """The time this request may take: what is left before its deadline (zero or less: do not send it).
+
+    Under ``pymongo.timeout`` pymongo waits for a server until the deadline, ignoring
+    ``serverSelectionTimeoutMS``. While the client knows no server it could write to (the
+    cluster is down, or not reached yet), the wait is capped at that setting again, so a
+    dead cluster costs what the configuration says and leaves the rest of the call its time.
+    """
+    left = request.deadline - time.monotonic()
+    if not client.topology_description.has_writable_server():
+        return min(left, float(client.options.server_selection_timeout))
+    return left
+
+
+def late(request: IORequest, cluster: str) -> Any:
+    """The answer for a request whose deadline passed before it could be sent."""
+    return _as_answer(request, Failure("timeout", ClusterUnavailable(
+        cluster, f"{describe(request)}: the call's deadline passed before it was sent"
+    )))
+
+
+def failed(request: IORequest, exc: BaseException, cluster: str, secrets: Sequence[str]) -> Any:
+    """The answer for a request the driver failed with *exc*: an insert's per-document outcome, or a Failure.
+
+    Re-raises anything that is not a driver or BSON error (a bug).
+    """
+    if isinstance(exc, BulkWriteError):
+        return insert_outcome(exc)
+    if not isinstance(exc, (PyMongoError, BSONError)):
+        raise exc
+    return _as_answer(request, classify(cluster, exc, doing=describe(request), secrets=secrets))
+
+
+def unknown(request: IORequest) -> Any:
+    """The answer for a request to a cluster the configuration does not have."""
+    return _as_answer(request, Failure("unavailable", ClusterUnavailable(request.cluster, "is not in the configuration")))
+
+
+def _as_answer(request: IORequest, failure: Failure) -> Any:
+    return InsertOutcome(failure=failure) if isinstance(request, Insert) else failure
+
+
+def insert_outcome(exc: BulkWriteError) -> InsertOutcome:
+    """The per-document outcome in an unordered insert's :class:`BulkWriteError` (its ``writeErrors`` only:
+    ``nInserted`` is not trusted, as some servers report it wrongly)."""
+    details = exc.details
+    errors = tuple(
+        WriteError(int(e.get("index", 0)), e.get("code"), str(e.get("errmsg", ""))) for e in details.get("writeErrors", [])
+    )
+    concern = details.get("writeConcernErrors") or []
+    return InsertOutcome(write_errors=errors, write_concern=str(concern[0].get("errmsg", "")) if concern else None)
+
+
+__all__ += ["unknown"]

@@ -1,0 +1,412 @@
+"""FeedRouter: the synchronous front door, on ``MongoClient`` and threads.
+
+Use it when one MongoDB cluster per period of ``event_time`` holds all feeds (fan-out
+on write, one copy per receiver, plus each author's outbox). Do not use it for data
+whose reads are not "newest first for one receiver": every other query would touch
+every cluster. For asyncio services, :class:`~router.AsyncFeedRouter` has the same
+operations as coroutines.
+
+Every decision is made by the core (:mod:`router.core`); this class holds the clients,
+the time map and its refresh thread, and runs the core's programs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+from bson import ObjectId
+
+from .config import RouterConfig, load_config
+from .core import calls
+from .core.checkpoint import JobStatus
+from .core.fanout import FanOutJob
+from .core.routing import PastHorizon, Routing
+from .core.settings import Settings
+from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
+from .core.steps import Program
+from .core.tally import FanOutResult
+from .core.writes import Prepared, prepare
+from .errors import RouterClosed, RouterError, WriteFailed
+from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
+from .model import Activity, FeedItem, Page, utcnow
+from .storage.clusters import Clusters
+from .timemap import TimeMap
+
+__all__ = ["FeedRouter"]
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+T = TypeVar("T")
+
+
+class _Calls:
+    """Calls in flight, and the switch that refuses new ones once ``close()`` begins."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self.closed = False
+
+    @contextmanager
+    def call(self, name: str) -> Iterator[None]:
+        with self._cond:
+            if self.closed:
+                raise RouterClosed(f"{name}(): this FeedRouter is closed")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def close(self, wait: float) -> bool:
+        """Refuse new calls; wait up to *wait* seconds for the ones in flight; True if none is left."""
+        with self._cond:
+            self.closed = True
+            return self._cond.wait_for(lambda: self._active == 0, timeout=wait)
+
+
+class FeedRouter:
+    """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``.
+
+    Example::
+
+        with FeedRouter.from_yaml("clusters.yaml") as feeds:
+            feeds.write_many(items)                   # grouped per cluster, clusters in parallel
+            page = feeds.read(receiver_id, limit=50)  # newest first, fewest clusters touched
+
+    Construction connects to every cluster and loads the time map; a bad configuration
+    or metadata fails here, not at the first write. A daemon thread then reloads the map
+    every ``refresh_interval`` (``refresh=False`` turns it off) until :meth:`close`.
+    *clock* (for tests) tells the router what "now" is. Every call waits at most
+    ``timeout`` (clusters.yaml) for any cluster; see the README's guarantees.
+    """
+
+    def __init__(
+        self, config: RouterConfig, *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
+        fanout_workers: int = 2,
+    ) -> None:
+        self.config = config
+        self.settings = Settings.from_config(config)
+        self._clock = clock
+        self._calls = _Calls()
+        self._refresh_lock = threading.Lock()
+        self._clusters = Clusters(config, refresh=self._refresh_for_core)
+        started = clock()
+        try:
+            timemap = self._clusters.load_timemap()
+        except BaseException:
+            self._clusters.close()
+            raise
+        self._routing = Routing(timemap, started, config.rollover.lead_time if config.rollover else None)
+        log.info("time map loaded from %d clusters:\n%s", len(self._clusters), timemap.describe())
+        self._fanouts = FanOutExecutor(workers=fanout_workers)
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+        if refresh:
+            self._refresher = threading.Thread(target=self._refresh_loop, name="feed-router-refresh", daemon=True)
+            self._refresher.start()
+
+    @classmethod
+    def from_yaml(
+        cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
+        fanout_workers: int = 2,
+    ) -> FeedRouter:
+        """Load ``clusters.yaml``, connect to every cluster and build the time map."""
+        return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def timemap(self) -> TimeMap:
+        """The time map in use (replaced as a whole by :meth:`refresh`)."""
+        return self._routing.timemap
+
+    @property
+    def routing(self) -> Routing:
+        """The time map in use with the moment its load began and its horizon."""
+        return self._routing
+
+    @property
+    def refreshed_at(self) -> datetime:
+        """When the load of the map in use began (by the router's clock)."""
+        return self._routing.loaded_at
+
+    @property
+    def clusters(self) -> Clusters:
+        """The configured clusters and their clients."""
+        return self._clusters
+
+    @property
+    def fanouts(self) -> FanOutExecutor:
+        """Background fan-outs: at most ``fanout_workers`` jobs at once; closed by :meth:`close`."""
+        return self._fanouts
+
+    def _view(self) -> calls.View:
+        return calls.View(self.config, self.settings, self._routing, tuple(self._clusters.names), self._clock())
+
+    def _run(self, name: str, program: Program[T]) -> T:
+        with self._calls.call(name):
+            return self._clusters.run(program)
+
+    # -- refresh -----------------------------------------------------------------------
+
+    def refresh(self) -> TimeMap:
+        """Reload every cluster's metadata; the old map stays in use if this raises.
+
+        A cluster that does not answer keeps its last known period. The map and the time
+        its load began are replaced together, and never by an older load.
+        """
+        with self._calls.call("refresh"):
+            return self._refresh().timemap
+
+    def _refresh(self) -> Routing:
+        with self._refresh_lock:
+            started = self._clock()
+            timemap = self._clusters.load_timemap(previous=self._routing.timemap)
+            if started >= self._routing.loaded_at:
+                self._routing = Routing(timemap, started, self._routing.lead_time)
+            return self._routing
+
+    def _refresh_for_core(self) -> Routing | RouterError:
+        try:
+            return self._refresh()
+        except RouterError as exc:
+            return exc
+
+    def _refresh_loop(self) -> None:
+        interval = self.config.refresh_interval.total_seconds()
+        while not self._stop.wait(interval):
+            try:
+                self.refresh()
+            except RouterClosed:
+                return
+            except RouterError as exc:
+                log.warning("metadata refresh failed; keeping the map loaded at %s: %s", self.refreshed_at.isoformat(), exc)
+
+    def stop_refresh(self) -> None:
+        """Stop the background refresh (the map stays as it is)."""
+        self._stop.set()
+        if self._refresher is not None and self._refresher is not threading.current_thread():
+            self._refresher.join()
+        self._refresher = None
+
+    # -- writes ------------------------------------------------------------------------
+
+    def write(self, item: FeedItem) -> ObjectId:
+        """Store one item in the cluster owning its ``event_time``; return its ``_id``.
+
+        Raises :class:`InvalidItem`, :class:`NoClusterForTime`, :class:`StaleMetadata` or
+        :class:`ClusterUnavailable` (``from`` the :class:`WriteFailed` that holds the id).
+        """
+        try:
+            return self._run("write", calls.write_many(self._view(), (item,), indexed=False))[0]
+        except WriteFailed as exc:
+            raise exc.failed[0] from exc
+
+    def write_many(self, items: Iterable[FeedItem]) -> list[ObjectId]:
+        """Store every item; return their ``_id``\\ s in the order given.
+
+        All items are checked and routed before anything is written: one invalid item
+        (:class:`InvalidItem`) or one no period owns (:class:`NoClusterForTime`) rejects the
+        whole call and changes no cluster. Items are then grouped per cluster and sent as
+        unordered ``insert_many`` batches of ``write.batch_size``, clusters concurrently.
+        If some are not confirmed written, :class:`WriteFailed` says which (by index) and
+        why, with every item's id; the others are stored. An item with ``id`` set is
+        stored under that id (a repeat of a stored item is found, not stored twice).
+        """
+        return self._run("write_many", calls.write_many(self._view(), items))
+
+    def prepare(self, items: Sequence[FeedItem]) -> Prepared:
+        """The write path without I/O: check, route, id and build every item (for measuring, or to inspect).
+
+        Raises what :meth:`write_many` raises for bad input, and :class:`StaleMetadata` for
+        an item past the map's horizon (:meth:`write_many` would refresh once first).
+        """
+        routing = self._routing
+        try:
+            return prepare(items, routing)
+        except PastHorizon as past:
+            index = past.index or 0
+            raise routing.stale(items[index].event_time, field=f"items[{index}].event_time") from None
+
+    # -- reads -------------------------------------------------------------------------
+
+    def read(
+        self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None,
+        pull: Sequence[int | str] | None = None,
+    ) -> Page:
+        """One page of *receiver_id*'s feed, newest first by ``(event_time, _id)``.
+
+        The newest cluster in the read window is asked first; an older one only while
+        the page is not full. Pass ``next_cursor`` for the next page (``None`` once the
+        window is exhausted). *pull* merges in the outboxes of those senders (authors
+        whose posts are not copied to followers), each post once. *on_unavailable*
+        (default ``read.on_unavailable``): ``"raise"`` raises :class:`ClusterUnavailable`
+        for a cluster the page needs; ``"partial"`` serves the rest, marks the page
+        ``partial`` and owes that cluster's items to later pages.
+        """
+        return self._run("read", calls.read(
+            self._view(), receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull
+        ))
+
+    # -- edits -------------------------------------------------------------------------
+
+    def delete(self, data_key: str) -> int:
+        """Remove every copy of the item *data_key*, and its outbox entry, from every cluster; return how many copies.
+
+        Works in bounded steps, clusters concurrently. If some cluster fails,
+        :class:`DeleteFailed` says which and how many were removed; run it again to finish.
+        """
+        return self._run("delete", calls.delete(self._view(), data_key))
+
+    def update(self, data_key: str, data: Mapping[str, Any]) -> int:
+        """Replace ``data`` in every copy of *data_key* and in its outbox entry; return how many changed.
+
+        Same steps and failure rules as :meth:`delete` (:class:`UpdateFailed`); repeatable.
+        """
+        return self._run("update", calls.update(self._view(), data_key, data))
+
+    def unfollow(self, receiver_id: int | str, sender_id: int | str) -> int:
+        """Remove *sender_id*'s copies from *receiver_id*'s feed in every cluster of the read window; return how many."""
+        return self._run("unfollow", calls.unfollow(self._view(), receiver_id, sender_id))
+
+    # -- the social half -----------------------------------------------------------------
+
+    def backfill(
+        self, receiver_id: int | str, senders: Sequence[int | str], *, since: datetime | None = None, limit: int = 200,
+    ) -> BackfillResult:
+        """Copy the senders' newest outbox entries (newer than *since*, at most *limit*) into *receiver_id*'s feed.
+
+        Rebuilds a dormant user's inbox on return. Copies have fan-out's ids, so running it
+        again, or while a fan-out of the same post runs, leaves one copy each.
+        """
+        return self._run("backfill", calls.backfill(self._view(), receiver_id, senders, since=since, limit=limit))
+
+    def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
+        """Copy the *limit* newest posts of a newly followed *sender_id* into *receiver_id*'s feed (a :meth:`backfill`)."""
+        return self.backfill(receiver_id, [sender_id], limit=limit)
+
+    @overload
+    def publish(
+        self, activity: Activity, followers: Iterable[int | str], *, active: calls.Active | None = ...,
+        pull: bool | None = ..., background: Literal[False] = ..., batch_size: int | None = ...,
+        concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> PublishResult: ...
+
+    @overload
+    def publish(
+        self, activity: Activity, followers: Iterable[int | str], *, active: calls.Active | None = ...,
+        pull: bool | None = ..., background: Literal[True], batch_size: int | None = ...,
+        concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> PublishResult: ...
+
+    def publish(
+        self, activity: Activity, followers: Iterable[int | str], *, active: calls.Active | None = None,
+        pull: bool | None = None, background: bool = False, batch_size: int | None = None,
+        concurrency: int | None = None, job_id: str | None = None,
+    ) -> PublishResult:
+        """Store *activity* in its author's outbox, then push it to the (active) followers or, for a pulled author, not.
+
+        ``pull=True``/``False`` decides; else ``fanout.pull_threshold`` applied to the
+        follower count (see :mod:`router.core.social`). The push is :meth:`fan_out`
+        (``background=True`` puts its handle in ``result.handle``). Raises what
+        :meth:`fan_out` raises; the outbox entry stays if the push fails, and publishing
+        again is safe.
+        """
+        with self._calls.call("publish"):
+            plan, slots = calls.plan_fan_out(self._view(), activity, batch_size=batch_size, concurrency=concurrency,
+                                             job_id=job_id)
+            job = self._clusters.run(plan)
+            path, receivers, counted = choose_path(followers, pull=pull, threshold=self.settings.pull_threshold)
+            fresh = self._clusters.run(store_outbox(job, policy=self.settings.write.policy, timeout=self.settings.timeout))
+        if path == "pull":
+            return PublishResult(job_id=job.job_id, cluster=job.cluster, path="pull", outbox_new=fresh, followers=counted)
+        pushed = self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
+        if isinstance(pushed, FanOutHandle):
+            return PublishResult(job_id=job.job_id, cluster=job.cluster, path="push", outbox_new=fresh,
+                                 followers=counted, handle=pushed)
+        return PublishResult(job_id=job.job_id, cluster=job.cluster, path="push", outbox_new=fresh, followers=counted,
+                             fan_out=pushed)
+
+    # -- fan-out -------------------------------------------------------------------------
+
+    @overload
+    def fan_out(
+        self, activity: Activity, receivers: Iterable[int | str], *, background: Literal[False] = ...,
+        active: calls.Active | None = ..., batch_size: int | None = ..., concurrency: int | None = ...,
+        job_id: str | None = ...,
+    ) -> FanOutResult: ...
+
+    @overload
+    def fan_out(
+        self, activity: Activity, receivers: Iterable[int | str], *, background: Literal[True],
+        active: calls.Active | None = ..., batch_size: int | None = ..., concurrency: int | None = ...,
+        job_id: str | None = ...,
+    ) -> FanOutHandle: ...
+
+    def fan_out(
+        self, activity: Activity, receivers: Iterable[int | str], *, background: bool = False,
+        active: calls.Active | None = None, batch_size: int | None = None, concurrency: int | None = None,
+        job_id: str | None = None,
+    ) -> FanOutResult | FanOutHandle:
+        """Write one copy of *activity* per receiver into the cluster owning its ``event_time``.
+
+        Example::
+
+            result = feeds.fan_out(activity, followers(author), active=active_ids)
+            handle = feeds.fan_out(activity, followers(author), background=True)
+
+        Streaming (at most ``concurrency`` batches of ``batch_size`` in flight), idempotent
+        (derived ids: a rerun stores nothing twice) and resumable (a checkpoint per job in
+        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime` or
+        :class:`StaleMetadata` before writing anything, and :class:`FanOutFailed` (with
+        ``.result``) if receivers are left without a copy.
+        """
+        with self._calls.call("fan_out"):
+            plan, slots = calls.plan_fan_out(self._view(), activity, batch_size=batch_size, concurrency=concurrency,
+                                             job_id=job_id)
+            job = self._clusters.run(plan)
+        return self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
+
+    def _fan_out_job(
+        self, job: FanOutJob, receivers: Iterable[Any], *, active: calls.Active | None, concurrency: int, background: bool,
+    ) -> FanOutResult | FanOutHandle:
+        run = FanOutRun(self._clusters, job, active=calls.active_filter(active), concurrency=concurrency,
+                        policy=self.settings.write.policy, timeout=self.settings.timeout)
+        if background:
+            return self._fanouts.submit(run, receivers)
+        with self._calls.call("fan_out"):
+            return run.run(receivers)
+
+    def fan_out_status(self, job_id: str) -> JobStatus:
+        """A fan-out job's progress from its checkpoint (any process's job), looked up in every cluster.
+
+        Raises :class:`InvalidItem` if no cluster has a job *job_id*.
+        """
+        return self._run("fan_out_status", calls.fan_out_status(self._view(), job_id))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse new calls, let the ones in flight finish (each is bounded by ``timeout``), cancel background
+        fan-outs between batches (resumable), stop the refresh thread, close every client."""
+        self._stop.set()
+        self._fanouts.close(drain=False)
+        if not self._calls.close(self.settings.timeout + 5):
+            log.warning("close(): calls still running after %.0f s; closing the clients under them", self.settings.timeout + 5)
+        self.stop_refresh()
+        self._clusters.close()
+
+    def __enter__(self) -> FeedRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
