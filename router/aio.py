@@ -295,14 +295,8 @@ class AsyncFeedRouter:
         *followers* may be an async iterable; counted for the pull threshold only when it is
         a plain iterable or a sequence (pass ``pull=`` otherwise).
         """
-        slots = 0
-
-        def plan(v: calls.View) -> Program[FanOutJob]:
-            nonlocal slots
-            program, slots = calls.plan_fan_out(v, activity, batch_size=batch_size, concurrency=concurrency, job_id=job_id)
-            return program
-
-        job = await self._run("publish", plan)
+        slots = calls.concurrency(concurrency)
+        job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
         threshold = self.settings.pull_threshold if not isinstance(followers, AsyncIterable) else None
         path, receivers, counted = choose_path(followers, pull=pull, threshold=threshold)  # type: ignore[arg-type]
         fresh = await self._run("publish", lambda v: store_outbox(job, policy=v.settings.write.policy, timeout=v.settings.timeout))
@@ -341,15 +335,13 @@ class AsyncFeedRouter:
         At most ``concurrency`` batches are in flight (an asyncio semaphore);
         ``background=True`` returns an :class:`~router.fanout.tasks.AsyncFanOutHandle` at once.
         """
-        slots = 0
-
-        def plan(v: calls.View) -> Program[FanOutJob]:
-            nonlocal slots
-            program, slots = calls.plan_fan_out(v, activity, batch_size=batch_size, concurrency=concurrency, job_id=job_id)
-            return program
-
-        job = await self._run("fan_out", plan)
+        slots = calls.concurrency(concurrency)
+        job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
         return await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
+
+    async def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
+        """Check *activity* and choose its cluster; nothing is written (see ``FeedRouter.plan_fan_out``)."""
+        return await self._run("plan_fan_out", lambda v: calls.plan_fan_out(v, activity, batch_size=batch_size, job_id=job_id))
 
     async def _fan_out_job(
         self, job: FanOutJob, receivers: Receivers, *, active: calls.Active | None, concurrency: int, background: bool,

@@ -321,10 +321,9 @@ class FeedRouter:
         :meth:`fan_out` raises; the outbox entry stays if the push fails, and publishing
         again is safe.
         """
+        slots = calls.concurrency(concurrency)
+        job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
         with self._calls.call("publish"):
-            plan, slots = calls.plan_fan_out(self._view(), activity, batch_size=batch_size, concurrency=concurrency,
-                                             job_id=job_id)
-            job = self._clusters.run(plan)
             path, receivers, counted = choose_path(followers, pull=pull, threshold=self.settings.pull_threshold)
             fresh = self._clusters.run(store_outbox(job, policy=self.settings.write.policy, timeout=self.settings.timeout))
         if path == "pull":
@@ -370,11 +369,14 @@ class FeedRouter:
         :class:`StaleMetadata` before writing anything, and :class:`FanOutFailed` (with
         ``.result``) if receivers are left without a copy.
         """
-        with self._calls.call("fan_out"):
-            plan, slots = calls.plan_fan_out(self._view(), activity, batch_size=batch_size, concurrency=concurrency,
-                                             job_id=job_id)
-            job = self._clusters.run(plan)
+        slots = calls.concurrency(concurrency)
+        job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
         return self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
+
+    def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
+        """Check *activity* and choose its cluster: the job :meth:`fan_out`, :meth:`publish` and other engines
+        (:mod:`router.fanout.celery`) run. Nothing is written; raises as :meth:`fan_out` does before writing."""
+        return self._run("plan_fan_out", calls.plan_fan_out(self._view(), activity, batch_size=batch_size, job_id=job_id))
 
     def _fan_out_job(
         self, job: FanOutJob, receivers: Iterable[Any], *, active: calls.Active | None, concurrency: int, background: bool,

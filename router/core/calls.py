@@ -35,7 +35,8 @@ from .steps import Concurrently, Failure, Find, Program
 from .writes import write_program
 
 __all__ = [
-    "Active", "View", "active_filter", "backfill", "delete", "fan_out_status", "plan_fan_out", "read", "unfollow",
+    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "fan_out_status", "plan_fan_out", "read",
+    "unfollow",
     "update", "write_many",
 ]
 
@@ -147,13 +148,15 @@ def active_filter(active: object) -> Callable[[Any], bool] | None:
     raise InvalidItem("active", f"must be a predicate or a set of receiver ids (got {type(active).__name__})")
 
 
-def plan_fan_out(
-    view: View, activity: Activity, *, batch_size: object = None, concurrency: object = None, job_id: str | None = None,
-) -> tuple[Program[FanOutJob], int]:
-    """The program that checks and routes a fan-out job, and the batches it may have in flight."""
+def plan_fan_out(view: View, activity: Activity, *, batch_size: object = None, job_id: str | None = None) -> Program[FanOutJob]:
+    """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon); nothing is written."""
     size = view.config.batch_size if batch_size is None else batch_size
-    slots = positive_int("concurrency", DEFAULT_CONCURRENCY if concurrency is None else concurrency)
-    return plan_job(activity, view.routing, batch_size=size, job_id=job_id), slots  # type: ignore[arg-type]
+    return plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
+
+
+def concurrency(value: object) -> int:
+    """The batches a fan-out may have in flight (default :data:`~router.core.fanout.DEFAULT_CONCURRENCY`)."""
+    return positive_int("concurrency", DEFAULT_CONCURRENCY if value is None else value)
 
 
 def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
