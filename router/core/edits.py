@@ -107,9 +107,8 @@ def _everywhere(
 
     def one(cluster: str) -> Program[_Outcome]:
         count, error = yield from _in_steps(cluster, "feed", match, settings, update=update, what=what)
-        if error is None and outbox is not None:
-            more, error = yield from _in_steps(cluster, "outbox", outbox, settings, update=update, what=what)
-            count += more
+        if error is None and outbox is not None:  # the outbox entry is edited too, but not counted
+            _entries, error = yield from _in_steps(cluster, "outbox", outbox, settings, update=update, what=what)
         return count, error
 
     outcomes = yield Concurrently([one(n) for n in names], names)
@@ -131,7 +130,8 @@ def delete_program(data_key: str, names: Sequence[str], settings: EditSettings) 
 
 
 def update_program(data_key: str, data: Mapping[str, Any], names: Sequence[str], settings: EditSettings) -> Program[int]:
-    """Replace ``data`` in every copy of *data_key* and in its outbox entry, every named cluster; return how many changed.
+    """Replace ``data`` in every copy of *data_key* and in its outbox entry, every named cluster; return how many
+    copies changed.
 
     Raises :class:`UpdateFailed` (``updated``, ``failed`` by cluster) when a cluster fails; run it again.
     """

@@ -6,11 +6,14 @@ an operator does (clusters.yaml grows, add-cluster gives each its period), write
 to older periods), pages one receiver's feed across the period boundaries,
 deletes one post from every receiver's feed by ``data_key``, lets the rollover
 scheduler hand the next period to the standby fourth cluster, checks every claim
-with plain pymongo, and stops the servers.
+with plain pymongo, and stops the servers. On the way, through the asyncio door, it
+publishes a celebrity's post that followers pull at read time and rebuilds a dormant
+user's feed by backfill.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import tempfile
 import time
@@ -24,10 +27,11 @@ from pymongo import MongoClient
 from ..admin.migrate import Migration, discover, migrate_cluster
 from ..admin.periods import apply_period, plan_period
 from ..admin.rollover import RolloverScheduler, upcoming_boundary
+from ..aio import AsyncFeedRouter
 from ..config import load_config
 from ..errors import RouterError
-from ..ids import data_key
-from ..model import FeedItem
+from ..ids import copy_id, data_key
+from ..model import Activity, FeedItem
 from ..storage.clusters import Clusters
 from ..sync import FeedRouter
 from .localservers import LocalClusters
@@ -204,12 +208,53 @@ def _run(
         left = sum(c["feed_demo"]["feed"].count_documents({"data_key": victim}) for c in raw.values())
         check(removed == copies and left == 0, f"all {copies} copies are gone from every cluster")
 
+    asyncio.run(_social(out, check, config_path, raw, now))
     rolled = _rollover(out, check, now, periods, config_path, cluster_lines, raw, migrations)
     out("== summary")
     out(f"   {len(items)} items in {len(names)} clusters, {pages} pages read for {receiver}, {removed} copies deleted,")
     out(f"   one rollover to cluster_4 at {rolled.isoformat()}")
     out("   all checks passed" if not failures else f"   {len(failures)} checks FAILED")
     return 0 if not failures else 1
+
+
+async def _social(
+    out: _Out, check: Callable[[bool, str], None], config_path: Path, raw: dict[str, MongoClient[dict[str, object]]],
+    now: datetime,
+) -> None:
+    """The social half, on the asyncio door: a celebrity pulled at read time, a dormant user rebuilt by backfill."""
+    out("== the social half, through AsyncFeedRouter (asyncio, AsyncMongoClient)")
+    async with AsyncFeedRouter.from_yaml(config_path) as feeds:
+        when = now - timedelta(hours=2)
+        celebrity = Activity(sender_id="celebrity", event_time=when, type=1, data={"fabula_id": 4_000_000},
+                             data_key=data_key("fabula", 4_000_000))
+        followers = (f"fan-{i}" for i in range(1_000_000))  # a generator: never read, the author is pulled
+        result = await feeds.publish(celebrity, followers, pull=True)
+        owner = result.cluster
+        copies = raw[owner]["feed_demo"]["feed"].count_documents({"data_key": celebrity.data_key})
+        entries = raw[owner]["feed_demo"]["outbox"].count_documents({"data_key": celebrity.data_key})
+        out(f"   celebrity post published to 1,000,000 followers: path {result.path}, one outbox entry in {owner}")
+        check(copies == 0 and entries == 1, "a pulled post is stored once, in its author's outbox, with no copies")
+        page = await feeds.read("alice", limit=5, pull=["celebrity"])
+        for it, src, pulled in zip(page.items, page.sources, page.pulled):
+            how = "pulled from the outbox" if pulled else "alice's own copy"
+            out(f"   {it.event_time:%Y-%m-%d %H:%M:%S}  from {it.sender_id!s:<10} <- {src}, {how}")
+        check(page.items[0].data_key == celebrity.data_key and page.pulled[0],
+              "alice's newest item is the celebrity's post, merged in at read time")
+
+        ordinary = Activity(sender_id="bob", event_time=when + timedelta(minutes=5), type=1,
+                            data={"fabula_id": 4_000_001}, data_key=data_key("fabula", 4_000_001))
+        pushed = await feeds.publish(ordinary, ["carol", "dave", "erin"], active={"carol", "erin"})
+        assert pushed.fan_out is not None
+        out(f"   bob's post pushed: {pushed.fan_out.written} copies, {pushed.fan_out.skipped} skipped (dave is dormant)")
+        dave = raw[owner]["feed_demo"]["feed"].count_documents({"receiver_id": "dave", "sender_id": "bob"})
+        check(dave == 0, "the dormant user got no copy")
+        rebuilt = await feeds.backfill("dave", ["bob"], since=when - timedelta(days=1))
+        copy = raw[owner]["feed_demo"]["feed"].find_one({"receiver_id": "dave", "data_key": ordinary.data_key})
+        out(f"   dave is back: backfill copied {rebuilt.written} post(s) from bob's outbox")
+        check(copy is not None and copy["_id"] == copy_id(int(ordinary.event_time.timestamp()), ordinary.data_key, "dave"),
+              "dave's copy is back, under the same id fan-out would have given it")
+        again = await feeds.backfill("dave", ["bob"], since=when - timedelta(days=1))
+        check(again.written == 0 and again.already_present == rebuilt.written, "a second backfill stores nothing twice")
 
 
 def _rollover(

@@ -32,25 +32,30 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
     c, config = cluster
     migrations = discover()
     first = migrate_cluster(c, config, migrations)
-    assert first.applied == ("0001_feed_indexes",)
+    assert first.applied == ("0001_feed_indexes", "0002_outbox_and_social")
     assert any("sharding skipped: ferretdb" in s or "sharding skipped: mongodb" in s for s in first.steps)
     db = raw_clients["cluster_1"][db_name]
     indexes = {i["name"]: dict(i["key"]) for i in db.feed.list_indexes()}
     assert indexes["receiver_time_id"] == {"receiver_id": 1, "event_time": -1, "_id": -1}
-    assert indexes["data_key"] == {"data_key": 1}
+    assert indexes["data_key_id"] == {"data_key": 1, "_id": 1} and "data_key" not in indexes  # 0002 swapped it
+    outbox = {i["name"]: dict(i["key"]) for i in db.outbox.list_indexes()}
+    assert outbox["sender_time_id"] == {"sender_id": 1, "event_time": -1, "_id": -1}
+    assert outbox["data_key"] == {"data_key": 1}
+    assert {i["name"]: dict(i["key"]) for i in db.fanout_batches.list_indexes()}["job"] == {"job": 1}
     assert "metadata" in db.list_collection_names()
-    record = db.migrations.find_one({"_id": "0001_feed_indexes"})
-    assert record is not None and record["checksum"] == migrations[0].checksum and record["applied_at"] is not None
+    for migration in migrations:
+        record = db.migrations.find_one({"_id": migration.id})
+        assert record is not None and record["checksum"] == migration.checksum and record["applied_at"] is not None
     second = migrate_cluster(c, config, migrations)
-    assert second.applied == () and second.already == ("0001_feed_indexes",) and second.steps == ()
-    assert db.migrations.count_documents({}) == 1
+    assert second.applied == () and second.already == ("0001_feed_indexes", "0002_outbox_and_social") and second.steps == ()
+    assert db.migrations.count_documents({}) == 2
 
 
 def test_dry_run_changes_nothing(cluster: Any, raw_clients: Clients, db_name: str) -> None:
     """A dry run lists the commands and writes nothing."""
     c, config = cluster
     report = migrate_cluster(c, config, discover(), dry_run=True)
-    assert report.applied == ("0001_feed_indexes",)
+    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social")
     assert any(s.startswith("would run on") and "createIndexes" in s for s in report.steps)
     assert db_name not in raw_clients["cluster_1"].list_database_names()
 
@@ -63,10 +68,10 @@ def test_changed_migration_refused(cluster: Any, tmp_path: Path, raw_clients: Cl
     migrate_cluster(c, config, discover(folder))
     path = folder / "0001_feed_indexes.py"
     path.write_text(path.read_text() + "\n# edited\n")
-    (folder / "0002_more.py").write_text('"""Another."""\ndef apply(ctx):\n    ctx.note("ran")\n')
+    (folder / "0003_more.py").write_text('"""Another."""\ndef apply(ctx):\n    ctx.note("ran")\n')
     with pytest.raises(MigrationError, match=r"migration 0001_feed_indexes was changed after it was applied \(recorded checksum [0-9a-f]{12}, file now [0-9a-f]{12}\)"):
         migrate_cluster(c, config, discover(folder))
-    assert [d["_id"] for d in raw_clients["cluster_1"][db_name].migrations.find({})] == ["0001_feed_indexes"]
+    assert sorted(d["_id"] for d in raw_clients["cluster_1"][db_name].migrations.find({})) == ["0001_feed_indexes", "0002_outbox_and_social"]
 
 
 def test_unknown_applied_migration_refused(cluster: Any, raw_clients: Clients, db_name: str) -> None:
@@ -83,10 +88,10 @@ def test_new_migration_applies_after_old(cluster: Any, tmp_path: Path) -> None:
     c, config = cluster
     folder = tmp_path / "migrations"
     shutil.copytree(default_folder(), folder)
-    (folder / "0002_more.py").write_text('"""Another step."""\ndef apply(ctx):\n    ctx.note("ran 0002")\n')
+    (folder / "0003_more.py").write_text('"""Another step."""\ndef apply(ctx):\n    ctx.note("ran 0003")\n')
     report = migrate_cluster(c, config, discover(folder))
-    assert report.applied == ("0001_feed_indexes", "0002_more")
-    assert report.steps[-1] == "ran 0002"
+    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social", "0003_more")
+    assert report.steps[-1] == "ran 0003"
     assert migrate_cluster(c, config, discover(folder)).applied == ()
 
 
@@ -94,8 +99,9 @@ def test_new_migration_applies_after_old(cluster: Any, tmp_path: Path) -> None:
     "name, body, message",
     [
         ("1_bad.py", "def apply(ctx): pass\n", "must be named NNNN_lowercase_words.py"),
-        ("0002_noapply.py", "X = 1\n", "defines no apply"),
-        ("0002_broken.py", "def apply(ctx):\n  return (\n", "failed to import"),
+        ("0003_noapply.py", "X = 1\n", "defines no apply"),
+        ("0002_again.py", "def apply(ctx): pass\n", "migration number 0002 used twice"),
+        ("0003_broken.py", "def apply(ctx):\n  return (\n", "failed to import"),
     ],
 )
 def test_bad_migration_files(cluster: Any, tmp_path: Path, name: str, body: str, message: str) -> None:
@@ -109,8 +115,12 @@ def test_bad_migration_files(cluster: Any, tmp_path: Path, name: str, body: str,
 
 
 def _first_migration() -> Any:
-    path = default_folder() / "0001_feed_indexes.py"
-    spec = importlib.util.spec_from_file_location("m0001", path)
+    return _migration("0001_feed_indexes")
+
+
+def _migration(name: str) -> Any:
+    path = default_folder() / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"m_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -143,3 +153,26 @@ def test_capabilities_of_the_local_server(cluster: Any) -> None:
     c, _ = cluster
     caps = c.capabilities()
     assert caps.sharded is False and caps.server in ("ferretdb", "mongodb") and caps.version
+
+
+def test_outbox_sharding_command_document() -> None:
+    """0002 sends a mongos exactly one document: shard outbox on hashed sender_id."""
+    assert _migration("0002_outbox_and_social").sharding_commands("feed") == [
+        ("admin", {"shardCollection": "feed.outbox", "key": {"sender_id": "hashed"}}),
+    ]
+
+
+def test_outbox_migration_on_a_mongos(cluster: Any) -> None:
+    """On a mongos, 0002 creates its indexes, swaps the feed's data_key index, then shards outbox."""
+    c, config = cluster
+    ctx = MigrationContext(c, config, Capabilities(sharded=True, server="mongodb", version="7.0"), dry_run=True)
+    _migration("0002_outbox_and_social").apply(ctx)
+    commands = [command for _, command in ctx.commands]
+    assert {"createIndexes": "outbox", "indexes": [{"key": {"sender_id": 1, "event_time": -1, "_id": -1},
+                                                      "name": "sender_time_id"}]} in commands
+    assert {"createIndexes": config.feed_collection, "indexes": [{"key": {"data_key": 1, "_id": 1}, "name": "data_key_id"}]} \
+        in commands
+    assert commands.index({"dropIndexes": config.feed_collection, "index": "data_key"}) > commands.index(
+        {"createIndexes": config.feed_collection, "indexes": [{"key": {"data_key": 1, "_id": 1}, "name": "data_key_id"}]})
+    assert ctx.commands[-1] == ("admin", {"shardCollection": f"{config.database}.outbox", "key": {"sender_id": "hashed"}})
+    assert not any("skipped" in s for s in ctx.steps)

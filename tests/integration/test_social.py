@@ -1,0 +1,315 @@
+"""The social half against real servers, on both doors: outbox, push or pull, pulled reads, backfill, follow,
+unfollow, edits; and a random social graph whose every paged read is checked against a model in Python."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pymongo import MongoClient
+
+from router import Activity, FeedRouter, InvalidItem, copy_id, data_key, outbox_id
+
+from .conftest import NAMES, P0, P1, P2, PERIODS
+
+Clients = dict[str, MongoClient[dict[str, Any]]]
+
+
+def post(author: int | str, n: int, when: datetime) -> Activity:
+    return Activity(sender_id=author, event_time=when, type=1, data={"post": n}, data_key=data_key(f"post-{author}", n))
+
+
+def owner(t: datetime) -> str:
+    for name, (start, end) in zip(NAMES, PERIODS):
+        if start <= t and (end is None or t < end):
+            return name
+    raise AssertionError(t)
+
+
+def feed_of(clients: Clients, db: str, receiver: int | str) -> list[dict[str, Any]]:
+    return [d for c in clients.values() for d in c[db].feed.find({"receiver_id": receiver})]
+
+
+def outbox(clients: Clients, db: str) -> list[dict[str, Any]]:
+    return [d for c in clients.values() for d in c[db].outbox.find({})]
+
+
+def page_all(router: FeedRouter, receiver: int | str, *, limit: int, pull: list[Any] | None = None) -> list[Any]:
+    """Every item of *receiver*'s feed, paging to the end."""
+    items: list[Any] = []
+    cursor = None
+    for _ in range(10_000):
+        page = router.read(receiver, limit=limit, cursor=cursor, pull=pull)
+        assert len(page.pulled) == len(page.items) and len(page.items) <= limit
+        items.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return items
+    raise AssertionError("paging did not end")
+
+
+def test_publish_pushes_and_keeps_the_outbox_entry(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """publish stores the activity once in the owning cluster's outbox, then one copy per (active) follower."""
+    act = post(7, 1, P1 + timedelta(days=3))
+    result = router.publish(act, (f for f in [1, 2, 3, 4]), active={1, 2, 3})
+    assert result.path == "push" and result.outbox_new and result.cluster == "cluster_2"
+    assert result.fan_out is not None and (result.fan_out.written, result.fan_out.skipped) == (3, 1)
+    (entry,) = outbox(raw_clients, db_name)
+    assert entry == {"_id": outbox_id(int(act.event_time.timestamp()), act.data_key), "data_key": act.data_key,
+                     "sender_id": 7, "event_time": entry["event_time"], "type": 1, "data": {"post": 1}}
+    assert raw_clients["cluster_2"][db_name].outbox.count_documents({}) == 1
+    assert sorted(d["receiver_id"] for d in raw_clients["cluster_2"][db_name].feed.find({})) == [1, 2, 3]
+    again = router.publish(act, [1, 2, 3, 4], active={1, 2, 3})  # publishing again changes nothing
+    assert not again.outbox_new and again.fan_out is not None and again.fan_out.written == 0
+    assert len(outbox(raw_clients, db_name)) == 1
+
+
+def test_a_pulled_author_costs_one_outbox_entry_and_is_read_by_pull(router: FeedRouter, raw_clients: Clients,
+                                                                    db_name: str) -> None:
+    """pull=True writes no copies; a follower's read with pull=[author] serves the post from the outbox, once."""
+    celeb = post("celeb", 1, P2 + timedelta(days=1))
+    result = router.publish(celeb, range(100_000), pull=True)
+    assert result.path == "pull" and result.fan_out is None and result.handle is None
+    assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 0
+    assert len(outbox(raw_clients, db_name)) == 1
+    router.publish(post(9, 1, P2 + timedelta(days=2)), [42])
+    page = router.read(42, limit=10, pull=["celeb"])
+    assert [(i.sender_id, p) for i, p in zip(page.items, page.pulled)] == [(9, False), ("celeb", True)]
+    pulled = page.items[1]
+    assert pulled.receiver_id == 42 and pulled.id == copy_id(int(celeb.event_time.timestamp()), celeb.data_key, 42)
+    assert router.read(42, limit=10).items == page.items[:1]  # without pull, the inbox alone
+
+
+def test_the_pull_threshold_counts_followers(make_router: Callable[..., FeedRouter], raw_clients: Clients,
+                                             db_name: str) -> None:
+    """With fanout.pull_threshold, more followers than the threshold (counted while streaming, or len()) pull."""
+    router = make_router(pull_threshold=10)
+    many = router.publish(post(1, 1, P2 + timedelta(days=1)), (i for i in range(11)))
+    few = router.publish(post(1, 2, P2 + timedelta(days=2)), list(range(10)))
+    assert (many.path, many.followers) == ("pull", None) and (few.path, few.followers) == ("push", 10)
+    assert raw_clients["cluster_3"][db_name].feed.count_documents({}) == 10
+
+
+def test_an_author_who_crossed_the_threshold_is_read_once(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """Posts pushed before crossing (copies and outbox) and pulled after (outbox): each served exactly once."""
+    posts = [post("star", n, P0 + timedelta(days=20 * n)) for n in range(10)]  # across all three periods
+    for n, act in enumerate(posts):
+        router.publish(act, [5, 6], pull=n >= 5)
+    assert len(feed_of(raw_clients, db_name, 5)) == 5
+    for limit in (1, 3, 4, 50):
+        items = page_all(router, 5, limit=limit, pull=["star"])
+        assert [i.data["post"] for i in items] == list(range(9, -1, -1)), limit
+
+
+def test_pull_cap_and_bad_senders(router: FeedRouter) -> None:
+    """More pulled senders than read.max_pull, or a sender that is no id, is InvalidItem."""
+    with pytest.raises(InvalidItem, match=r"pull: at most 1000 senders per read"):
+        router.read(1, pull=list(range(1001)))
+    with pytest.raises(InvalidItem, match=r"pull\[1\]: must be a 64-bit int"):
+        router.read(1, pull=[1, None])  # type: ignore[list-item]
+
+
+def test_backfill_rebuilds_a_dormant_user(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """A dormant user skipped by fan-out gets the posts back from the outboxes, newest first, newer than since."""
+    authors = [11, 12]
+    posts = [post(a, n, P0 + timedelta(days=5 + 7 * n + a)) for a in authors for n in range(30)]
+    for act in posts:
+        router.publish(act, [1, 2, 99], active={1, 2})  # 99 is dormant
+    assert feed_of(raw_clients, db_name, 99) == []
+    since = P1 + timedelta(days=10)
+    result = router.backfill(99, authors, since=since, limit=25)
+    newest = sorted((p for p in posts if p.event_time > since), key=lambda p: p.event_time, reverse=True)[:25]
+    assert result.written == 25 and result.already_present == 0 and result.copied == 25
+    stored = feed_of(raw_clients, db_name, 99)
+    assert sorted(d["data_key"] for d in stored) == sorted(p.data_key for p in newest)
+    for d in stored:  # the same derived id fan-out would have given the copy, in the cluster owning its time
+        assert d["_id"] == copy_id(int(d["event_time"].timestamp()), d["data_key"], 99)
+        assert raw_clients[owner(d["event_time"])][db_name].feed.count_documents({"_id": d["_id"]}) == 1
+    again = router.backfill(99, authors, since=since, limit=25)
+    assert (again.written, again.already_present) == (0, 25)
+    assert len(feed_of(raw_clients, db_name, 99)) == 25
+
+
+def test_follow_copies_the_newest_posts(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """follow(receiver, sender, limit) copies that sender's limit newest posts, nobody else's."""
+    for n in range(8):
+        router.publish(post(21, n, P1 + timedelta(days=n)), [])
+        router.publish(post(22, n, P1 + timedelta(days=n, hours=1)), [])
+    result = router.follow(5, 21, limit=3)
+    assert result.written == 3
+    assert [i.data["post"] for i in router.read(5).items] == [7, 6, 5]
+    assert {i.sender_id for i in router.read(5).items} == {21}
+
+
+def test_backfill_racing_a_fan_out_leaves_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """The same post fanned out to 20k followers while a backfill copies it to some of them: one copy each."""
+    act = post(31, 1, P2 + timedelta(days=4))
+    router.publish(act, [], pull=True)  # the outbox entry exists; copies come from both sides at once
+    errors: list[BaseException] = []
+
+    def backfills() -> None:
+        try:
+            for receiver in range(0, 20_000, 97):
+                router.backfill(receiver, [31], limit=5)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=backfills)
+    thread.start()
+    result = router.fan_out(act, range(20_000))
+    thread.join(120)
+    assert not errors and not thread.is_alive()
+    assert result.written + result.already_present == 20_000
+    feed = raw_clients["cluster_3"][db_name].feed
+    assert feed.count_documents({}) == 20_000
+    assert len({d["receiver_id"] for d in feed.find({}, {"receiver_id": 1})}) == 20_000
+
+
+def test_unfollow_removes_exactly_that_senders_copies(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """unfollow(r, s) removes s's copies from r's feed in every cluster, and nothing else."""
+    for n in range(6):
+        when = P0 + timedelta(days=40 * n)
+        router.publish(post(41, n, when), [1, 2])
+        router.publish(post(42, n, when + timedelta(hours=1)), [1, 2])
+    before = {c: list(raw_clients[c][db_name].feed.find({})) for c in NAMES}
+    assert router.unfollow(1, 41) == 6
+    after = {c: list(raw_clients[c][db_name].feed.find({})) for c in NAMES}
+    removed = [d for c in NAMES for d in before[c] if d not in after[c]]
+    assert len(removed) == 6 and all(d["receiver_id"] == 1 and d["sender_id"] == 41 for d in removed)
+    assert router.unfollow(1, 41) == 0
+
+
+def test_update_and_delete_reach_every_copy_and_the_outbox(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """update changes data in every copy and the outbox entry, no other item; delete removes all of them."""
+    act = post(51, 1, P1 + timedelta(days=1))
+    other = post(51, 2, P1 + timedelta(days=2))
+    router.publish(act, range(500))
+    router.publish(other, range(10))
+    assert router.update(act.data_key, {"post": 1, "edited": True}) == 500  # the copies (the outbox entry too)
+    copies = list(raw_clients["cluster_2"][db_name].feed.find({"data_key": act.data_key}))
+    assert len(copies) == 500 and all(d["data"] == {"post": 1, "edited": True} for d in copies)
+    assert raw_clients["cluster_2"][db_name].outbox.find_one({"data_key": act.data_key})["data"]["edited"]  # type: ignore[index]
+    assert all(d["data"] == {"post": 2} for d in raw_clients["cluster_2"][db_name].feed.find({"data_key": other.data_key}))
+    assert router.update(act.data_key, {"post": 1, "edited": True}) == 0  # repeatable: nothing left to change
+    assert router.delete(act.data_key) == 500
+    assert raw_clients["cluster_2"][db_name].outbox.count_documents({}) == 1
+    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
+
+
+# -- a random social graph, checked against a model ----------------------------------------
+
+USERS = list(range(1, 7))
+CELEBS = ["ca", "cb"]
+#: Pushed or pulled post by post, as an author crossing the threshold and back would be.
+MIXED = ["mx"]
+TIMES = [P0 + timedelta(days=d, hours=h) for d in (3, 100, 130, 200, 230) for h in (0, 5)]
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.sampled_from(USERS + CELEBS + MIXED), st.sampled_from(TIMES), st.booleans(),
+                  st.booleans()),
+        st.tuples(st.just("follow"), st.sampled_from(USERS), st.sampled_from(USERS + CELEBS + MIXED)),
+        st.tuples(st.just("unfollow"), st.sampled_from(USERS), st.sampled_from(USERS + CELEBS + MIXED)),
+        st.tuples(st.just("sleep"), st.sampled_from(USERS), st.booleans()),
+        st.tuples(st.just("edit"), st.integers(0, 40), st.booleans()),
+    ),
+    min_size=5,
+    max_size=30,
+)
+
+
+class Model:
+    """What every user's feed must hold, by data_key: the truth a read is compared with."""
+
+    def __init__(self) -> None:
+        self.posts: dict[str, Activity] = {}
+        self.order: list[str] = []
+        self.follows: dict[int, set[Any]] = {u: set() for u in USERS}
+        self.dormant: set[int] = set()
+        self.inbox: dict[int, set[str]] = {u: set() for u in USERS}
+
+    def expected(self, user: int) -> list[str]:
+        pulled = self.follows[user] & set(CELEBS + MIXED)
+        keys = set(self.inbox[user]) | {k for k, p in self.posts.items() if p.sender_id in pulled}
+        keys &= set(self.posts)
+        return sorted(keys, key=lambda k: (self.posts[k].event_time, copy_id(int(self.posts[k].event_time.timestamp()),
+                                                                               k, user).binary), reverse=True)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(program=ops, limit=st.sampled_from([1, 2, 5, 50]))
+def test_random_social_graph_reads_match_the_model(
+    program: list[tuple[Any, ...]], limit: int, router: FeedRouter, raw_clients: Clients, db_name: str
+) -> None:
+    """Ordinary authors pushed, celebrities pulled, an author pushed or pulled post by post (so some posts are both
+    copied and pulled), posts sharing an instant, dormant users rebuilt by backfill, follows, unfollows, edits and
+    deletes: every user's fully paged read (pulling who they follow that may be pulled) is exactly the model's feed,
+    each post once, in (event_time, key) order."""
+    for c in raw_clients.values():
+        c[db_name].feed.delete_many({})
+        c[db_name].outbox.delete_many({})
+    model = Model()
+    for step, op in enumerate(program):
+        kind = op[0]
+        if kind == "publish":
+            author, same_instant, pull = op[1], op[3], op[4]
+            when = op[2] if same_instant else op[2] + timedelta(minutes=step)  # several posts may share an instant
+            act = post(author, step, when)
+            followers = [u for u in USERS if author in model.follows[u]]
+            active = {u for u in followers if u not in model.dormant}
+            pulled = author in CELEBS or (author in MIXED and pull)
+            router.publish(act, followers, active=active, pull=pulled)
+            model.posts[act.data_key] = act
+            if not pulled:
+                for u in active:
+                    model.inbox[u].add(act.data_key)
+        elif kind == "follow":
+            user, author = op[1], op[2]
+            if user == author:
+                continue
+            model.follows[user].add(author)
+            if author not in CELEBS:  # a mixed author's pushed posts are copied too; its reads pull it as well
+                router.follow(user, author, limit=3)
+                theirs = sorted(  # newest first in the outbox's own order: (event_time, outbox _id)
+                    (k for k, p in model.posts.items() if p.sender_id == author),
+                    key=lambda k: (model.posts[k].event_time, outbox_id(int(model.posts[k].event_time.timestamp()), k).binary),
+                    reverse=True,
+                )
+                model.inbox[user] |= set(theirs[:3])
+        elif kind == "unfollow":
+            user, author = op[1], op[2]
+            model.follows[user].discard(author)
+            router.unfollow(user, author)
+            model.inbox[user] = {k for k in model.inbox[user] if model.posts[k].sender_id != author}
+        elif kind == "sleep":
+            user, asleep = op[1], op[2]
+            if asleep:
+                model.dormant.add(user)
+            elif user in model.dormant:  # back: rebuilt from the outboxes of the ordinary authors followed
+                model.dormant.discard(user)
+                pushed = sorted(a for a in model.follows[user] if a not in CELEBS)
+                if pushed:
+                    router.backfill(user, pushed, limit=200)
+                    model.inbox[user] |= {k for k, p in model.posts.items() if p.sender_id in pushed}
+        elif kind == "edit" and model.order:
+            key = model.order[op[1] % len(model.order)]
+            if key not in model.posts:
+                continue
+            if op[2]:
+                router.delete(key)
+                del model.posts[key]
+                for inbox in model.inbox.values():
+                    inbox.discard(key)
+            else:
+                router.update(key, {"post": -1})
+        model.order = list(model.posts)
+    for user in USERS:
+        pulled = sorted((a for a in model.follows[user] if a in CELEBS + MIXED), key=str)
+        items = page_all(router, user, limit=limit, pull=pulled or None)
+        assert [i.data_key for i in items] == model.expected(user), (user, limit)
+        for item in items:
+            assert item.data == model.posts[item.data_key].data or item.data == {"post": -1}
