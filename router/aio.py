@@ -66,13 +66,14 @@ class AsyncFeedRouter:
 
     def __init__(
         self, config: RouterConfig, *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2,
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
     ) -> None:
         self.config = config
         self.settings = Settings.from_config(config)
         self._clock = clock
         self._refresh_wanted = refresh
         self._fanout_workers = fanout_workers
+        self._extra = {"event_listeners": list(event_listeners)} if event_listeners else None
         self._clusters: AsyncClusters | None = None
         self._routing: Routing | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -85,10 +86,11 @@ class AsyncFeedRouter:
     @classmethod
     def from_yaml(
         cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2,
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
     ) -> AsyncFeedRouter:
         """A router for ``clusters.yaml`` (checked now); ``await start()`` or ``async with`` connects it."""
-        return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers)
+        return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers,
+                   event_listeners=event_listeners)
 
     async def start(self) -> AsyncFeedRouter:
         """Connect to every cluster and load the time map; start the refresh task. Returns the router."""
@@ -97,7 +99,7 @@ class AsyncFeedRouter:
         self._refresh_lock = asyncio.Lock()
         self._idle = asyncio.Event()
         self._idle.set()
-        clusters = AsyncClusters(self.config, refresh=self._refresh_for_core)
+        clusters = AsyncClusters(self.config, refresh=self._refresh_for_core, extra_options=self._extra)
         started = self._clock()
         try:
             timemap = await clusters.load_timemap()

@@ -85,20 +85,22 @@ class FeedRouter:
     Construction connects to every cluster and loads the time map; a bad configuration
     or metadata fails here, not at the first write. A daemon thread then reloads the map
     every ``refresh_interval`` (``refresh=False`` turns it off) until :meth:`close`.
-    *clock* (for tests) tells the router what "now" is. Every call waits at most
+    *clock* (for tests) tells the router what "now" is. *event_listeners* go to every
+    client (pymongo command monitoring, ``opentelemetry-instrumentation-pymongo``). Every call waits at most
     ``timeout`` (clusters.yaml) for any cluster; see the README's guarantees.
     """
 
     def __init__(
         self, config: RouterConfig, *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2,
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
     ) -> None:
         self.config = config
         self.settings = Settings.from_config(config)
         self._clock = clock
         self._calls = _Calls()
         self._refresh_lock = threading.Lock()
-        self._clusters = Clusters(config, refresh=self._refresh_for_core)
+        extra = {"event_listeners": list(event_listeners)} if event_listeners else None
+        self._clusters = Clusters(config, refresh=self._refresh_for_core, extra_options=extra)
         started = clock()
         try:
             timemap = self._clusters.load_timemap()
@@ -117,10 +119,11 @@ class FeedRouter:
     @classmethod
     def from_yaml(
         cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2,
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
     ) -> FeedRouter:
         """Load ``clusters.yaml``, connect to every cluster and build the time map."""
-        return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers)
+        return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers,
+                   event_listeners=event_listeners)
 
     # -- state -------------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 
-from router import Activity, FeedRouter, InvalidItem, copy_id, data_key, outbox_id
+from router import Activity, FeedRouter, InvalidItem, RouterConfig, copy_id, data_key, outbox_id
+from router.testing.localservers import LocalClusters
 
-from .conftest import NAMES, P0, P1, P2, PERIODS
+from .conftest import NAMES, NOW, P0, P1, P2, PERIODS, register
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
@@ -313,3 +314,61 @@ def test_random_social_graph_reads_match_the_model(
         assert [i.data_key for i in items] == model.expected(user), (user, limit)
         for item in items:
             assert item.data == model.posts[item.data_key].data or item.data == {"post": -1}
+
+
+class Finds(monitoring.CommandListener):
+    """Counts the find commands each cluster's client sends (by port), and the documents they return."""
+
+    def __init__(self) -> None:
+        self.finds: dict[int, int] = {}
+        self.documents = 0
+        self.on = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.on and event.command_name == "find":
+            port = event.connection_id[1]
+            self.finds[port] = self.finds.get(port, 0) + 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if self.on and event.command_name in ("find", "getMore"):
+            cursor = event.reply.get("cursor", {})
+            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
+                                                       servers: LocalClusters) -> None:
+    """A page pulling 100 senders: each cluster it touches gets one inbox find and one outbox find, no more."""
+    finds = Finds()
+    config = make_config()
+    register(config)
+    router = open_router(config, clock=lambda: NOW, event_listeners=[finds])
+    senders = [f"s{i}" for i in range(100)]
+    for i, sender in enumerate(senders):  # 100 pulled authors, posts in every period
+        router.publish(post(sender, i, P0 + timedelta(days=2 * i + 1)), [], pull=True)
+    router.publish(post("friend", 1, P2 + timedelta(days=1)), [77])
+    finds.on = True
+    cursor, pages, served = None, 0, 0
+    while True:
+        finds.finds.clear()
+        page = router.read(77, limit=20, cursor=cursor, pull=senders)
+        pages += 1
+        served += len(page.items)
+        assert all(n <= 2 for n in finds.finds.values()), finds.finds
+        assert len(finds.finds) <= len(set(page.queried)) or not page.items
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert served == 101 and pages >= 6
+    assert finds.documents <= served + 3 * 20 * pages  # at most a page of look-ahead per stream per cluster
+
+
+def test_publish_in_the_background(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """publish(background=True) stores the outbox entry now and returns the fan-out's handle."""
+    result = router.publish(post(61, 1, P1 + timedelta(days=5)), range(3000), background=True)
+    assert result.path == "push" and result.fan_out is None and result.handle is not None
+    assert result.handle.result(timeout=120).written == 3000
+    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 3000
+    assert raw_clients["cluster_2"][db_name].outbox.count_documents({}) == 1
