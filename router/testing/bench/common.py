@@ -1,0 +1,138 @@
+"""What every measure shares: the periods, the sizes, a result row, and helpers that time things fairly."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+from pymongo import monitoring
+
+from ...admin.migrate import discover, migrate_cluster
+from ...config import ClusterConfig, RouterConfig
+from ...ids import data_key
+from ...model import ClusterMeta, FeedItem
+from ...storage.clusters import Cluster
+
+UTC = timezone.utc
+P0 = datetime(2024, 1, 1, tzinfo=UTC)
+P1 = datetime(2024, 4, 1, tzinfo=UTC)
+P2 = datetime(2024, 7, 1, tzinfo=UTC)
+NOW = datetime(2024, 9, 1, tzinfo=UTC)
+NAMES = ("cluster_1", "cluster_2", "cluster_3")
+
+
+@attrs.frozen
+class Sizes:
+    """How big each measurement is."""
+
+    writes: int
+    cpu: int
+    reps: int
+    reads: int
+    deletes: int
+    fanout: int
+    memory: tuple[int, int]
+
+
+SIZES = {
+    "full": Sizes(writes=30_000, cpu=100_000, reps=5, reads=50, deletes=300, fanout=1_000_000, memory=(100_000, 1_000_000)),
+    "small": Sizes(writes=2_000, cpu=5_000, reps=3, reads=20, deletes=30, fanout=20_000, memory=(5_000, 20_000)),
+}
+
+
+@attrs.frozen
+class Result:
+    """One measurement: per-repetition figures, the ratio per repetition, and the target verdict."""
+
+    name: str
+    what: str
+    unit: str
+    router: list[float]
+    raw: list[float]
+    ratios: list[float]
+    target: str
+    passed: bool
+    note: str = ""
+
+    def row(self) -> str:
+        def span(xs: list[float]) -> str:
+            if not xs:
+                return "-"
+            return f"{statistics.median(xs):,.3g} [{min(xs):,.3g} - {max(xs):,.3g}]"
+
+        return (f"| {self.what} | {span(self.router)} | {span(self.raw)} | {self.unit} | {span(self.ratios)} "
+                f"| {self.target} | {'PASS' if self.passed else 'FAIL'} |")
+
+
+class Finds(monitoring.CommandListener):
+    """Counts find/getMore commands and the documents they returned."""
+
+    def __init__(self) -> None:
+        self.finds = 0
+        self.documents = 0
+        self.enabled = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.enabled and event.command_name in ("find", "getMore"):
+            self.finds += event.command_name == "find"
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if self.enabled and event.command_name in ("find", "getMore"):
+            cursor = event.reply.get("cursor", {})
+            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def bench_config(uris: Sequence[str], database: str, *, listener: monitoring.CommandListener | None = None) -> RouterConfig:
+    options: dict[str, Any] = {"event_listeners": [listener]} if listener is not None else {}
+    return RouterConfig(
+        database=database,
+        clusters=tuple(ClusterConfig(name=n, uri=u, options=options) for n, u in zip(NAMES, uris)),
+    )
+
+
+def register(config: RouterConfig) -> None:
+    migrations = discover()
+    for spec, (start, end) in zip(config.clusters, ((P0, P1), (P1, P2), (P2, None))):
+        cluster = Cluster(spec, config)
+        migrate_cluster(cluster, config, migrations)
+        cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="bench"))
+        cluster.close()
+
+
+def make_items(n: int, *, receivers: int = 5000, start: datetime = P0, end: datetime = NOW, key_offset: int = 0) -> list[FeedItem]:
+    step = (end - start) / n
+    return [
+        FeedItem(receiver_id=1_000_000 + i % receivers, sender_id=1_000_765, event_time=start + step * i, type=1,
+                 data={"fabula_id": key_offset + i}, data_key=data_key("fabula", key_offset + i))
+        for i in range(n)
+    ]
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleave(reps: int, router: Callable[[], float], raw: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """Warm up both, then alternate which goes first in each repetition."""
+    router()
+    raw()
+    r_out, w_out = [], []
+    for rep in range(reps):
+        if rep % 2:
+            w_out.append(raw())
+            r_out.append(router())
+        else:
+            r_out.append(router())
+            w_out.append(raw())
+    return r_out, w_out

@@ -1,0 +1,89 @@
+"""Measures of fan-out: throughput against raw insert_many, and memory as receivers grow."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from pymongo import MongoClient
+
+from ...ids import data_key
+from ...sync import FeedRouter
+from .common import NOW, P2, Result, bench_config, register, timed
+
+
+def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
+    """fan_out of one activity to n receivers (a generator) vs raw insert_many of the same copies, same cluster."""
+    from ...ids import copy_ids
+    from ...model import Activity
+
+    config = bench_config(uris, "bench_fanout")
+    register(config)
+    owner = uris[2]  # the activity's time is in cluster_3's period
+    raw: MongoClient[dict[str, Any]] = MongoClient(owner, tz_aware=True)
+    when = P2 + timedelta(days=3, milliseconds=7)
+    seconds = int(when.timestamp())
+
+    def activity(k: int) -> Activity:
+        return Activity(sender_id=1_000_765, event_time=when, type=1, data={"fabula_id": k}, data_key=data_key("fabula", k))
+
+    def reset(db: str) -> None:
+        raw[db].feed.drop()
+        raw[db].fanouts.drop()
+        raw[db].feed.create_index([("receiver_id", 1), ("event_time", -1), ("_id", -1)], name="receiver_time_id")
+        raw[db].feed.create_index([("data_key", 1)], name="data_key")
+
+    with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+        def run_router(size: int, k: int) -> float:
+            reset("bench_fanout")
+            return size / timed(lambda: router.fan_out(activity(k), (10_000_000 + i for i in range(size))))
+
+        def run_raw(size: int, k: int) -> float:
+            reset("bench_fanout_raw")
+            act = activity(k)
+            receivers = [10_000_000 + i for i in range(size)]
+            ids = copy_ids(seconds, act.data_key, receivers)
+            docs = [{"_id": oid, "data_key": act.data_key, "receiver_id": r, "sender_id": act.sender_id,
+                     "event_time": act.event_time, "type": act.type, "data": act.data} for oid, r in zip(ids, receivers)]
+            coll = raw["bench_fanout_raw"].feed
+            return size / timed(lambda: coll.insert_many(docs, ordered=False))
+
+        warm = min(n, 20_000)
+        run_router(warm, 0)
+        run_raw(warm, 0)
+        r, w = [], []
+        for rep in range(reps):
+            if rep % 2:
+                w.append(run_raw(n, rep + 1))
+                r.append(run_router(n, rep + 1))
+            else:
+                r.append(run_router(n, rep + 1))
+                w.append(run_raw(n, rep + 1))
+    raw.drop_database("bench_fanout_raw")
+    raw.close()
+    ratios = [a / b for a, b in zip(r, w)]
+    return Result("fanout_ratio", f"fan-out throughput, {n:,} receivers from a generator", "copies/s", r, w, ratios,
+                  ">= 0.90", statistics.median(ratios) >= 0.90)
+
+
+def bench_fanout_memory(uri: str, sizes: tuple[int, int]) -> Result:
+    """Peak RSS growth of a fan-out from a generator, small vs large receiver count, each in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-m", "router.testing.fanout_memory", "--uri", uri, "--sizes", *map(str, sizes), "--json"],
+        capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scripts/fanout_memory failed: {out.stderr[-2000:]}")
+    rows = json.loads(out.stdout)
+    small, large = rows[0], rows[-1]
+    diff = large["peak_growth_mb"] - small["peak_growth_mb"]
+    note = (f"peak growth {small['peak_growth_mb']} MB for {small['receivers']:,} receivers, "
+            f"{large['peak_growth_mb']} MB for {large['receivers']:,}; {large['receivers_per_second']:,} receivers/s")
+    return Result("fanout_memory", f"fan-out peak memory growth, {sizes[0]:,} vs {sizes[1]:,} receivers", "MB",
+                  [float(large["peak_growth_mb"])], [float(small["peak_growth_mb"])], [diff], "< 20 MB difference",
+                  abs(diff) < 20, note)

@@ -1,0 +1,180 @@
+"""Measures of the read path: commands per page and first-page latency."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import statistics
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from pymongo import MongoClient, monitoring
+
+from ...aio import AsyncFeedRouter
+from ...ids import data_key
+from ...model import Activity
+from ...sync import FeedRouter
+from .common import NOW, P0, P1, P2, Finds, Result, bench_config, interleave, make_items, register, timed
+
+
+def bench_pages(uris: Sequence[str]) -> Result:
+    """Commands and documents per page: one cluster fills it; then a page spanning three clusters."""
+    finds = Finds()
+    config = bench_config(uris, "bench_pages", listener=finds)
+    register(config)
+    with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+        router.write_many(make_items(200, receivers=1, start=P2 + timedelta(days=1), end=NOW))
+        spread = (make_items(10, receivers=1, start=P2, end=NOW, key_offset=10_000)
+                  + make_items(10, receivers=1, start=P1, end=P2, key_offset=20_000)
+                  + make_items(100, receivers=1, start=P0, end=P1, key_offset=30_000))
+        router.write_many([attrs.evolve(it, receiver_id=7) for it in spread])
+        finds.enabled, finds.finds, finds.documents = True, 0, 0
+        one = router.read(1_000_000, limit=50)
+        single = (finds.finds, finds.documents, len(one))
+        finds.finds, finds.documents = 0, 0
+        three = router.read(7, limit=50)
+        spanning = (finds.finds, finds.documents, len(three), len(set(three.sources)))
+    ok = single == (1, 50, 50) and spanning[0] == spanning[3] == 3 and spanning[1] == spanning[2] == 50
+    note = (f"newest cluster fills the page: {single[0]} find, {single[1]} documents for {single[2]} items; "
+            f"page over {spanning[3]} clusters: {spanning[0]} finds, {spanning[1]} documents for {spanning[2]} items")
+    return Result("commands_per_page", "commands per page (finds; documents = items)", "finds",
+                  [float(single[0]), float(spanning[0])], [1.0, 3.0], [float(single[1] - single[2]), float(spanning[1] - spanning[2])],
+                  "1 find; k finds; docs = items", ok, note)
+
+
+def bench_read(uris: Sequence[str], reps: int, rounds: int) -> Result:
+    """First page through the router vs the same indexed find on the newest cluster with raw pymongo."""
+    config = bench_config(uris, "bench_read")
+    register(config)
+    raw: MongoClient[dict[str, Any]] = MongoClient(uris[2], tz_aware=True)
+    coll = raw["bench_read"].feed
+    with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+        router.write_many(make_items(5_000, receivers=50, start=P2, end=NOW))
+        receiver = 1_000_007
+
+        def run_router() -> float:
+            return statistics.median(timed(lambda: router.read(receiver, limit=50)) for _ in range(rounds)) * 1e3
+
+        def run_raw() -> float:
+            return statistics.median(
+                timed(lambda: list(coll.find({"receiver_id": receiver}, sort=[("event_time", -1), ("_id", -1)], limit=50)))
+                for _ in range(rounds)
+            ) * 1e3
+
+        r, w = interleave(reps, run_router, run_raw)
+    raw.close()
+    ratios = [a / b for a, b in zip(r, w)]
+    return Result("read_ratio", "first page latency (50 items) vs one raw indexed find", "ms", r, w, ratios,
+                  "<= 1.15", statistics.median(ratios) <= 1.15)
+
+
+class _Commands(monitoring.CommandListener):
+    """Counts commands by name and server port, and the documents finds return."""
+
+    def __init__(self) -> None:
+        self.by_port: dict[tuple[str, int], int] = {}
+        self.documents = 0
+        self.on = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.on:
+            key = (event.command_name, int(event.connection_id[1] or 0))
+            self.by_port[key] = self.by_port.get(key, 0) + 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if self.on and event.command_name in ("find", "getMore"):
+            cursor = event.reply.get("cursor", {})
+            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def count(self, name: str) -> dict[int, int]:
+        return {port: n for (command, port), n in self.by_port.items() if command == name}
+
+
+def bench_pull_pages(uris: Sequence[str], senders: int = 100, limit: int = 50) -> Result:
+    """Paging a feed that pulls 100 senders: finds per cluster per page, documents sent per item served;
+    and what publishing for a pulled author costs (inserts)."""
+    commands = _Commands()
+    config = bench_config(uris, "bench_pull", listener=commands)
+    register(config)
+    with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+        names = [f"star-{i}" for i in range(senders)]
+        span = (NOW - P0) / (senders * 3)
+        for i in range(senders * 3):  # three posts per pulled author, spread over the three periods
+            author = names[i % senders]
+            activity = Activity(sender_id=author, event_time=P0 + span * i, type=1, data={"n": i},
+                                data_key=data_key("pulled", i))
+            if i == 0:
+                commands.on = True
+            router.publish(activity, (f for f in range(1_000_000)), pull=True)
+            if i == 0:
+                inserts = sum(commands.count("insert").values())
+                commands.on, commands.by_port = False, {}
+        router.write_many(make_items(120, receivers=1, start=P0, end=NOW, key_offset=50_000))  # the reader's own feed
+        commands.on = True
+        cursor, pages, served, worst = None, 0, 0, 0
+        while True:
+            commands.by_port.clear()
+            page = router.read(1_000_000, limit=limit, cursor=cursor, pull=names)
+            pages += 1
+            served += len(page.items)
+            worst = max([worst, *commands.count("find").values()])
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        documents = commands.documents
+    expected = senders * 3 + 120
+    ok = worst <= 2 and served == expected and inserts == 1
+    note = (f"{pages} pages of {limit} pulling {senders} senders: at most {worst} finds per cluster per page; "
+            f"{documents} documents sent for {served} items served ({documents / max(served, 1):.2f} per item); "
+            f"publishing for a pulled author sent {inserts} insert (its outbox entry)")
+    return Result("pull_pages", f"pulled pages ({senders} senders): finds per cluster per page", "finds",
+                  [float(worst)], [2.0], [documents / max(served, 1)], "<= 2 finds; docs/item", ok, note)
+
+
+def bench_async_reads(uris: Sequence[str], reps: int, readers: int = 200) -> Result:
+    """200 concurrent reads of different receivers: AsyncFeedRouter on one event loop vs FeedRouter on 16 threads.
+
+    Both get ``maxPoolSize: 16``, the connections 16 threads use; the async door with the
+    default pool (100) is measured too, for the note: 200 reads at once then open 100
+    connections to one server, which loads the local FerretDB more than it helps.
+    """
+    base = bench_config(uris, "bench_async_reads")
+    register(base)
+    config = attrs.evolve(base, clusters=tuple(attrs.evolve(c, options={**c.options, "maxPoolSize": 16}) for c in base.clusters))
+    receivers = [2_000_000 + i for i in range(readers)]
+
+    async def async_rates(cfg: Any, count: int) -> list[float]:
+        async with AsyncFeedRouter(cfg, clock=lambda: NOW, refresh=False) as feeds:
+            async def once() -> float:
+                began = time.perf_counter()
+                await asyncio.gather(*(feeds.read(r, limit=20) for r in receivers))
+                return readers / (time.perf_counter() - began)
+
+            await once()  # warm-up: connections
+            return [await once() for _ in range(count)]
+
+    with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+        router.write_many(make_items(readers * 20, receivers=readers, start=P2, end=NOW, key_offset=70_000))
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+
+            def run_sync() -> float:
+                return readers / timed(lambda: list(pool.map(lambda r: router.read(r, limit=20), receivers)))
+
+            run_sync()  # warm-up
+            sync_rates, async_equal = [], []
+            for _ in range(reps):  # alternate, so drift hits both
+                sync_rates.append(run_sync())
+                async_equal.extend(asyncio.run(async_rates(config, 1)))
+    default_pool = asyncio.run(async_rates(base, max(1, reps // 2)))
+    ratios = [a / s for a, s in zip(async_equal, sync_rates)]
+    note = (f"{readers} reads of 20 items, different receivers, maxPoolSize 16 on both: async "
+            f"{statistics.median(async_equal):,.0f} reads/s on one event loop, sync {statistics.median(sync_rates):,.0f} "
+            f"reads/s on 16 threads; async with the default pool of 100: {statistics.median(default_pool):,.0f} reads/s")
+    return Result("async_reads", f"{readers} concurrent reads: AsyncFeedRouter vs FeedRouter on 16 threads", "reads/s",
+                  async_equal, sync_rates, ratios, ">= 1.0", statistics.median(ratios) >= 1.0, note)

@@ -1,0 +1,134 @@
+"""Running the measures, and reporting them: a markdown table, JSON, a chart and a PASS/FAIL summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import pymongo
+from pymongo import MongoClient
+
+from ... import __version__
+from ..localservers import LocalClusters
+from .common import NAMES, SIZES, UTC, Result
+from .edits import bench_delete
+from .fanout import bench_fanout, bench_fanout_memory
+from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
+from .writes import bench_cpu, bench_writes
+
+
+def _chart(results: list[Result], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (pip install 'feed-router[bench]')"
+    shown = [r for r in results if r.ratios and r.name not in ("commands_per_page", "fanout_memory", "pull_pages")]
+    fig, ax = plt.subplots(figsize=(8, 3.2 + 0.35 * len(shown)))
+    names = [r.name for r in shown]
+    med = [statistics.median(r.ratios) for r in shown]
+    lo = [m - min(r.ratios) for m, r in zip(med, shown)]
+    hi = [max(r.ratios) - m for m, r in zip(med, shown)]
+    colors = ["#2e7d32" if r.passed else "#c62828" for r in shown]
+    ax.barh(names, med, xerr=[lo, hi], color=colors, capsize=4)
+    for i, r in enumerate(shown):
+        target = float(r.target.split()[-1])
+        ax.plot([target, target], [i - 0.4, i + 0.4], color="black", linestyle="--")
+        ax.text(max(med[i], target) + 0.03, i, f"{med[i]:.2f} (target {r.target})", va="center", fontsize=8)
+    ax.set_xlabel("router / raw pymongo (median, min-max whiskers; dashed = target)")
+    ax.set_title("feed-router overhead vs raw pymongo, same run")
+    ax.set_xlim(0, max(max(med) + max(hi), 1.3) * 1.45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"chart: {path}"
+
+
+def _environment(uris: Sequence[str], backend: str, server: str | None = None) -> dict[str, Any]:
+    """The run's context for the report header; ``server`` as LocalClusters.server_description gives it."""
+    info = MongoClient(uris[0]).admin.command("buildInfo")
+    if server is None:  # servers we did not start: the wire protocol does not say which FerretDB backend
+        server = f"FerretDB {info['ferretdbVersion']}" if "ferretdbVersion" in info else f"MongoDB {info.get('version')}"
+    return {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "pymongo": pymongo.version,
+        "feed_router": __version__,
+        "server": server,
+        "backend": backend,
+    }
+
+
+def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = None, results_dir: Path = Path("bench-results"),
+              only: Sequence[str] | None = None) -> list[Result]:
+    """Run the measurements and report them; return the results."""
+    s = SIZES[size]
+    results_dir.mkdir(parents=True, exist_ok=True)
+    local: LocalClusters | None = None
+    if uris is None:
+        local = LocalClusters(3, names=list(NAMES))
+        uris = local.start()
+    try:
+        servers = list(uris)
+        env = _environment(servers, local.backend if local else "reused", local.server_description if local else None)
+        out.write(f"# feed-router benchmark ({size})\n\n" + "\n".join(f"- {k}: {v}" for k, v in env.items()) + "\n\n")
+        out.flush()
+        steps: list[tuple[str, Callable[[], Result]]] = [
+            ("cpu_ratio", lambda: bench_cpu(s.cpu, s.reps)),
+            ("write_ratio", lambda: bench_writes(servers, s.writes, s.reps)),
+            ("commands_per_page", lambda: bench_pages(servers)),
+            ("read_ratio", lambda: bench_read(servers, s.reps, s.reads)),
+            ("async_reads", lambda: bench_async_reads(servers, s.reps)),
+            ("pull_pages", lambda: bench_pull_pages(servers)),
+            ("delete_ratio", lambda: bench_delete(servers, s.reps, s.deletes)),
+            ("fanout_ratio", lambda: bench_fanout(servers, s.fanout, 2 if size == "full" else s.reps)),
+            ("fanout_memory", lambda: bench_fanout_memory(servers[0], s.memory)),
+        ]
+        results = []
+        for name, step in steps:
+            if only and name not in only:
+                continue
+            out.write(f"running {name} ...\n")
+            out.flush()
+            results.append(step())
+        out.write("\n| measure | router | raw pymongo | unit | ratio router/raw | target | result |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- |\n")
+        out.write("\n".join(r.row() for r in results) + "\n\n")
+        for r in results:
+            if r.note:
+                out.write(f"- {r.name}: {r.note}\n")
+        (results_dir / "bench.json").write_text(json.dumps({"environment": env, "results": [attrs.asdict(r) for r in results]}, indent=2))
+        out.write(f"\nraw figures: {results_dir / 'bench.json'}\n{_chart(results, results_dir / 'bench.png')}\n")
+        passed = sum(r.passed for r in results)
+        verdicts = ", ".join(f"{r.name} {'PASS' if r.passed else 'FAIL'}" for r in results)
+        out.write(f"SUMMARY: {passed} of {len(results)} targets met: {verdicts}\n")
+        return results
+    finally:
+        if local is not None:
+            local.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m router.testing.bench [--small] [--uris U1,U2,U3] [--out DIR] [--only NAME ...] [--strict]``."""
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="tiny sizes: checks the benchmark runs (used by the tests)")
+    parser.add_argument("--uris", help="reuse three running servers (comma-separated) instead of starting them")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json and bench.png")
+    parser.add_argument("--only", nargs="*", help="run only these measures")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    uris = args.uris.split(",") if args.uris else None
+    results = run_bench(sys.stdout, size="small" if args.small else "full", uris=uris, results_dir=args.out, only=args.only)
+    return 1 if args.strict and not all(r.passed for r in results) else 0

@@ -1,0 +1,98 @@
+"""Measures of the write path: CPU per item, and throughput against raw insert_many."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import bson
+from pymongo import MongoClient
+
+from ...ids import data_key
+from ...model import ClusterMeta, FeedItem
+from ...sync import FeedRouter
+from .common import NAMES, NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
+
+
+def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
+    """write_many of n items over three periods vs raw insert_many of the same built documents, clusters in parallel."""
+    config = bench_config(uris, "bench_router")
+    register(config)
+    raw_db = "bench_raw"
+    clients: list[MongoClient[dict[str, Any]]] = [MongoClient(u, tz_aware=True) for u in uris]
+    items = make_items(n)
+    with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+        prepared = router.prepare(items)
+        raw_docs = {name: [dict(d) for d in docs] for name, (_, docs) in prepared.batches.items()}
+
+        def reset(db: str) -> None:
+            for c in clients:
+                c[db].feed.drop()
+                c[db].feed.create_index([("receiver_id", 1), ("event_time", -1), ("_id", -1)], name="receiver_time_id")
+                c[db].feed.create_index([("data_key", 1)], name="data_key")
+
+        def run_router() -> float:
+            reset("bench_router")
+            return n / timed(lambda: router.write_many(items))
+
+        def run_raw() -> float:
+            reset(raw_db)
+            colls = {name: clients[NAMES.index(name)][raw_db].feed for name in raw_docs}
+
+            def insert() -> None:
+                futures = [
+                    router.clusters.submit(name, lambda c=colls[name], d=docs: c.insert_many(d, ordered=False))
+                    for name, docs in raw_docs.items()
+                ]
+                for f in futures:
+                    f.result()
+
+            return n / timed(insert)
+
+        r, w = interleave(reps, run_router, run_raw)
+    for c in clients:
+        c.close()
+    ratios = [a / b for a, b in zip(r, w)]
+    return Result("write_ratio", f"write throughput, {n:,} items over 3 clusters", "items/s", r, w, ratios,
+                  ">= 0.95", statistics.median(ratios) >= 0.95)
+
+
+def bench_cpu(n: int, reps: int) -> Result:
+    """Routing + _id + data_key + document building, no I/O, vs bson.encode of the same documents."""
+    from ...core.routing import Routing
+    from ...core.writes import prepare
+    from ...timemap import TimeMap
+
+    metas = [ClusterMeta(name=NAMES[0], start_date=P0, end_date=P1), ClusterMeta(name=NAMES[1], start_date=P1, end_date=P2),
+             ClusterMeta(name=NAMES[2], start_date=P2)]
+    routing = Routing(TimeMap(metas), NOW)  # the write path only (router.core.writes.prepare): no connections needed
+    step = (NOW - P0) / n
+    times = [P0 + step * i for i in range(n)]
+
+    def build_and_prepare() -> Any:
+        items = [FeedItem(receiver_id=1_000_000 + i % 5000, sender_id=1_000_765, event_time=times[i], type=1,
+                          data={"fabula_id": i}, data_key=data_key("fabula", i)) for i in range(n)]
+        return prepare(items, routing)
+
+    docs = [d for _, (_, ds) in build_and_prepare().batches.items() for d in ds]
+    items = [FeedItem(receiver_id=d["receiver_id"], sender_id=d["sender_id"], event_time=d["event_time"], type=d["type"],
+                      data=d["data"], data_key=d["data_key"]) for d in docs]
+    keys = list(range(n))
+
+    def run_router() -> float:
+        def work() -> None:
+            for k in keys:
+                data_key("fabula", k)
+            prepare(items, routing)
+
+        return timed(work) / n * 1e9
+
+    def run_encode() -> float:
+        encode = bson.encode
+        return timed(lambda: [encode(d) for d in docs]) / n * 1e9
+
+    r, w = interleave(reps, run_router, run_encode)
+    ratios = [a / b for a, b in zip(r, w)]
+    return Result("cpu_ratio", f"router CPU per item (route, _id, data_key, document), {n:,} items", "ns/item", r, w,
+                  ratios, "<= 0.5", statistics.median(ratios) <= 0.5)
