@@ -37,6 +37,7 @@ from .core.writes import Prepared, prepare
 from .errors import RouterClosed, RouterError, WriteFailed
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .model import Activity, FeedItem, Page, utcnow
+from .observe import Event, Metrics, Observer
 from .storage.aclusters import AsyncClusters
 from .timemap import TimeMap
 
@@ -66,9 +67,11 @@ class AsyncFeedRouter:
 
     def __init__(
         self, config: RouterConfig, *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (), metrics: Metrics | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.config = config
+        self._observe = Observer(metrics, tracer_provider)
         self.settings = Settings.from_config(config)
         self._clock = clock
         self._refresh_wanted = refresh
@@ -86,11 +89,12 @@ class AsyncFeedRouter:
     @classmethod
     def from_yaml(
         cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (), metrics: Metrics | None = None,
+        tracer_provider: Any = None,
     ) -> AsyncFeedRouter:
         """A router for ``clusters.yaml`` (checked now); ``await start()`` or ``async with`` connects it."""
         return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers,
-                   event_listeners=event_listeners)
+                   event_listeners=event_listeners, metrics=metrics, tracer_provider=tracer_provider)
 
     async def start(self) -> AsyncFeedRouter:
         """Connect to every cluster and load the time map; start the refresh task. Returns the router."""
@@ -99,7 +103,8 @@ class AsyncFeedRouter:
         self._refresh_lock = asyncio.Lock()
         self._idle = asyncio.Event()
         self._idle.set()
-        clusters = AsyncClusters(self.config, refresh=self._refresh_for_core, extra_options=self._extra)
+        clusters = AsyncClusters(self.config, refresh=self._refresh_for_core, extra_options=self._extra,
+                                 metrics=self._observe.metrics, tracing=self._observe.tracing)
         started = self._clock()
         try:
             timemap = await clusters.load_timemap()
@@ -108,6 +113,7 @@ class AsyncFeedRouter:
             raise
         self._clusters = clusters
         self._routing = Routing(timemap, started, self.config.rollover.lead_time if self.config.rollover else None)
+        clusters.record(Event("timemap_loaded", started.timestamp()))
         log.info("time map loaded from %d clusters:\n%s", len(clusters), timemap.describe())
         self._fanouts = AsyncFanOutExecutor(workers=self._fanout_workers)
         if self._refresh_wanted:
@@ -167,7 +173,8 @@ class AsyncFeedRouter:
         self._enter()
         try:
             assert self._clusters is not None
-            return await self._clusters.run(program)
+            with self._observe.call(name):
+                return await self._clusters.run(program)
         finally:
             self._leave()
 
@@ -189,7 +196,8 @@ class AsyncFeedRouter:
         self._started("refresh")
         self._enter()
         try:
-            return (await self._refresh()).timemap
+            with self._observe.call("refresh"):
+                return (await self._refresh()).timemap
         finally:
             self._leave()
 
@@ -202,6 +210,7 @@ class AsyncFeedRouter:
             assert self._routing is not None
             if started >= self._routing.loaded_at:
                 self._routing = Routing(timemap, started, self._routing.lead_time)
+                clusters.record(Event("timemap_loaded", started.timestamp()))
             return self._routing
 
     async def _refresh_for_core(self) -> Routing | RouterError:
@@ -297,11 +306,20 @@ class AsyncFeedRouter:
         *followers* may be an async iterable; counted for the pull threshold only when it is
         a plain iterable or a sequence (pass ``pull=`` otherwise).
         """
+        with self._observe.call("publish"):
+            return await self._publish(activity, followers, active=active, pull=pull, background=background,
+                                       batch_size=batch_size, concurrency=concurrency, job_id=job_id)
+
+    async def _publish(
+        self, activity: Activity, followers: Receivers, *, active: calls.Active | None, pull: bool | None,
+        background: bool, batch_size: int | None, concurrency: int | None, job_id: str | None,
+    ) -> PublishResult:
         slots = calls.concurrency(concurrency)
         job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
         threshold = self.settings.pull_threshold if not isinstance(followers, AsyncIterable) else None
         path, receivers, counted = choose_path(followers, pull=pull, threshold=threshold)  # type: ignore[arg-type]
-        fresh = await self._run("publish", lambda v: store_outbox(job, policy=v.settings.write.policy, timeout=v.settings.timeout))
+        fresh = await self._run("store_outbox", lambda v: store_outbox(job, policy=v.settings.write.policy,
+                                                                          timeout=v.settings.timeout))
         if path == "pull":
             return PublishResult(job_id=job.job_id, cluster=job.cluster, path="pull", outbox_new=fresh, followers=counted)
         pushed = await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
@@ -337,9 +355,10 @@ class AsyncFeedRouter:
         At most ``concurrency`` batches are in flight (an asyncio semaphore);
         ``background=True`` returns an :class:`~router.fanout.tasks.AsyncFanOutHandle` at once.
         """
-        slots = calls.concurrency(concurrency)
-        job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
-        return await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
+        with self._observe.call("fan_out"):
+            slots = calls.concurrency(concurrency)
+            job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
+            return await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
 
     async def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
         """Check *activity* and choose its cluster; nothing is written (see ``FeedRouter.plan_fan_out``)."""

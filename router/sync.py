@@ -35,6 +35,7 @@ from .core.writes import Prepared, prepare
 from .errors import RouterClosed, RouterError, WriteFailed
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
 from .model import Activity, FeedItem, Page, utcnow
+from .observe import Event, Metrics, Observer
 from .storage.clusters import Clusters
 from .timemap import TimeMap
 
@@ -86,21 +87,26 @@ class FeedRouter:
     or metadata fails here, not at the first write. A daemon thread then reloads the map
     every ``refresh_interval`` (``refresh=False`` turns it off) until :meth:`close`.
     *clock* (for tests) tells the router what "now" is. *event_listeners* go to every
-    client (pymongo command monitoring, ``opentelemetry-instrumentation-pymongo``). Every call waits at most
+    client (pymongo command monitoring, ``opentelemetry-instrumentation-pymongo``);
+    *metrics* receives the router's events (:mod:`router.observe`), and *tracer_provider*
+    (OpenTelemetry) gets a span per call and per request. Every call waits at most
     ``timeout`` (clusters.yaml) for any cluster; see the README's guarantees.
     """
 
     def __init__(
         self, config: RouterConfig, *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (), metrics: Metrics | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.config = config
+        self._observe = Observer(metrics, tracer_provider)
         self.settings = Settings.from_config(config)
         self._clock = clock
         self._calls = _Calls()
         self._refresh_lock = threading.Lock()
         extra = {"event_listeners": list(event_listeners)} if event_listeners else None
-        self._clusters = Clusters(config, refresh=self._refresh_for_core, extra_options=extra)
+        self._clusters = Clusters(config, refresh=self._refresh_for_core, extra_options=extra,
+                                  metrics=self._observe.metrics, tracing=self._observe.tracing)
         started = clock()
         try:
             timemap = self._clusters.load_timemap()
@@ -108,6 +114,7 @@ class FeedRouter:
             self._clusters.close()
             raise
         self._routing = Routing(timemap, started, config.rollover.lead_time if config.rollover else None)
+        self._clusters.record(Event("timemap_loaded", started.timestamp()))
         log.info("time map loaded from %d clusters:\n%s", len(self._clusters), timemap.describe())
         self._fanouts = FanOutExecutor(workers=fanout_workers)
         self._stop = threading.Event()
@@ -119,11 +126,12 @@ class FeedRouter:
     @classmethod
     def from_yaml(
         cls, path: str | Path = "clusters.yaml", *, clock: Callable[[], datetime] = utcnow, refresh: bool = True,
-        fanout_workers: int = 2, event_listeners: Sequence[Any] = (),
+        fanout_workers: int = 2, event_listeners: Sequence[Any] = (), metrics: Metrics | None = None,
+        tracer_provider: Any = None,
     ) -> FeedRouter:
         """Load ``clusters.yaml``, connect to every cluster and build the time map."""
         return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers,
-                   event_listeners=event_listeners)
+                   event_listeners=event_listeners, metrics=metrics, tracer_provider=tracer_provider)
 
     # -- state -------------------------------------------------------------------------
 
@@ -156,7 +164,7 @@ class FeedRouter:
         return calls.View(self.config, self.settings, self._routing, tuple(self._clusters.names), self._clock())
 
     def _run(self, name: str, program: Program[T]) -> T:
-        with self._calls.call(name):
+        with self._calls.call(name), self._observe.call(name):
             return self._clusters.run(program)
 
     # -- refresh -----------------------------------------------------------------------
@@ -167,7 +175,7 @@ class FeedRouter:
         A cluster that does not answer keeps its last known period. The map and the time
         its load began are replaced together, and never by an older load.
         """
-        with self._calls.call("refresh"):
+        with self._calls.call("refresh"), self._observe.call("refresh"):
             return self._refresh().timemap
 
     def _refresh(self) -> Routing:
@@ -176,6 +184,7 @@ class FeedRouter:
             timemap = self._clusters.load_timemap(previous=self._routing.timemap)
             if started >= self._routing.loaded_at:
                 self._routing = Routing(timemap, started, self._routing.lead_time)
+                self._clusters.record(Event("timemap_loaded", started.timestamp()))
             return self._routing
 
     def _refresh_for_core(self) -> Routing | RouterError:
@@ -324,11 +333,18 @@ class FeedRouter:
         :meth:`fan_out` raises; the outbox entry stays if the push fails, and publishing
         again is safe.
         """
+        with self._observe.call("publish"):
+            return self._publish(activity, followers, active=active, pull=pull, background=background,
+                                 batch_size=batch_size, concurrency=concurrency, job_id=job_id)
+
+    def _publish(
+        self, activity: Activity, followers: Iterable[int | str], *, active: calls.Active | None, pull: bool | None,
+        background: bool, batch_size: int | None, concurrency: int | None, job_id: str | None,
+    ) -> PublishResult:
         slots = calls.concurrency(concurrency)
         job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
-        with self._calls.call("publish"):
-            path, receivers, counted = choose_path(followers, pull=pull, threshold=self.settings.pull_threshold)
-            fresh = self._clusters.run(store_outbox(job, policy=self.settings.write.policy, timeout=self.settings.timeout))
+        path, receivers, counted = choose_path(followers, pull=pull, threshold=self.settings.pull_threshold)
+        fresh = self._run("store_outbox", store_outbox(job, policy=self.settings.write.policy, timeout=self.settings.timeout))
         if path == "pull":
             return PublishResult(job_id=job.job_id, cluster=job.cluster, path="pull", outbox_new=fresh, followers=counted)
         pushed = self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
@@ -372,9 +388,10 @@ class FeedRouter:
         :class:`StaleMetadata` before writing anything, and :class:`FanOutFailed` (with
         ``.result``) if receivers are left without a copy.
         """
-        slots = calls.concurrency(concurrency)
-        job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
-        return self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
+        with self._observe.call("fan_out"):
+            slots = calls.concurrency(concurrency)
+            job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
+            return self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
 
     def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
         """Check *activity* and choose its cluster: the job :meth:`fan_out`, :meth:`publish` and other engines

@@ -46,6 +46,7 @@ from pymongo.errors import DuplicateKeyError, PyMongoError
 from ..boundaries import next_boundary
 from ..config import RolloverConfig, RouterConfig
 from ..errors import ClusterUnavailable, PeriodChangeRefused, RolloverError
+from ..observe import NO_METRICS, Event, Metrics
 from ..storage.clusters import Clusters
 from .migrate import Migration, applied_migrations, discover
 from .periods import PeriodChange, apply_period, plan_period, stored_outside
@@ -249,7 +250,8 @@ class RolloverScheduler:
         RolloverScheduler(load_config("clusters.yaml")).run()   # blocks; Ctrl-C stops it
 
     *clock* (for tests) is what the scheduler believes "now" is. ``last_error`` holds
-    the error of the latest tick, if any.
+    the error of the latest tick, if any. *metrics* receives ``standby_ready`` and
+    ``next_boundary`` at every tick (:mod:`router.observe`).
     """
 
     def __init__(
@@ -259,6 +261,7 @@ class RolloverScheduler:
         clock: Callable[[], datetime] = _utcnow,
         owner: str | None = None,
         interval: timedelta | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         settings = _settings(config)
         self.config = config
@@ -267,7 +270,8 @@ class RolloverScheduler:
         #: How often to check: a sixth of the lead time, at most hourly, so the
         #: rollover window (one lead time) gets several chances.
         self.interval = interval or min(timedelta(hours=1), settings.lead_time / 6)
-        self.clusters = Clusters(config)
+        self.metrics = metrics if metrics is not None else NO_METRICS
+        self.clusters = Clusters(config, metrics=self.metrics)
         self.migrations = discover()
         self.last_error: BaseException | None = None
         self._scheduler: Any = None
@@ -285,6 +289,8 @@ class RolloverScheduler:
                 return lines
             boundary = upcoming_boundary(current.start_date, now=now, settings=settings)
             standby, reasons = ready_standby(self.clusters, self.config, self.migrations)
+            self.metrics.record(Event("next_boundary", boundary.timestamp()))
+            self.metrics.record(Event("standby_ready", 1.0 if standby is not None else 0.0))
             if standby is None:
                 raise RolloverError(
                     f"no standby cluster is ready for the rollover at {boundary.isoformat()} "

@@ -30,11 +30,12 @@ import attrs
 from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
 from ..model import Activity, copy_documents, to_utc
+from ..observe import Event
 from .checkpoint import millis, record_batch
 from .checks import check_activity, receiver_problem
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
-from .steps import Failure, Program
+from .steps import Failure, Program, Report
 from .writes import insert_program
 
 __all__ = [
@@ -235,8 +236,13 @@ def batch_program(
         number=number, receivers=len(receivers), written=written, already_present=already, skipped=skipped,
         failed_receivers=tuple(failed), invalid=len(invalid), errors=tuple(errors), stopped=stopped,
     )
+    for outcome_name, count in (("written", written), ("already_present", already), ("skipped", skipped),
+                                ("failed", outcome.failed)):
+        if count:
+            yield Report(Event("fanout_copies", count, cluster=job.cluster, outcome=outcome_name))
     if invalid:
-        log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0])
+        log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0],
+                    extra={"cluster": job.cluster, "job_id": job.job_id})
     if record:
         trouble = yield from record_batch(job, outcome, timeout)
         if trouble is not None:

@@ -32,8 +32,9 @@ from ..cursor import CursorState, Position, encode_state
 from ..errors import InvalidItem
 from ..ids import copy_ids
 from ..model import ID_RULE, FeedItem, Page, is_id
+from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
-from .steps import Concurrently, Failure, Find, Program
+from .steps import Concurrently, Failure, Find, Program, Report
 
 __all__ = ["PAGE_SORT", "ReadPlan", "read_program"]
 
@@ -213,7 +214,7 @@ def read_program(plan: ReadPlan) -> Program[Page]:
     def failed(cluster: str, failure: Failure, position: Position | None) -> None:
         if plan.on_unavailable == "raise":
             raise failure.error
-        log.warning("%s; serving a partial page", failure.error)
+        log.warning("%s; serving a partial page", failure.error, extra={"cluster": cluster})
         unavailable.append(cluster)
         owed.append((cluster, position))
 
@@ -250,6 +251,9 @@ def read_program(plan: ReadPlan) -> Program[Page]:
                 break
         if last is not None and not done:
             main = last
+    yield Report(Event("read_clusters", len(set(queried))))
+    for cluster in unavailable:
+        yield Report(Event("partial_read", cluster=cluster))
     next_cursor = None if done and not owed else encode_state(CursorState(position=main, pending=tuple(owed), done=done))
     return Page(
         items=tuple(e.item for e in entries), next_cursor=next_cursor, sources=tuple(sources), queried=tuple(queried),

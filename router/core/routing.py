@@ -28,8 +28,9 @@ from typing import TypeVar
 import attrs
 
 from ..errors import RouterError, StaleMetadata
+from ..observe import Event
 from ..timemap import TimeMap
-from .steps import Program, Refresh
+from .steps import Program, Refresh, Report
 
 __all__ = ["PastHorizon", "Routing", "routed"]
 
@@ -117,8 +118,11 @@ def routed(
     log.info("%s %s is past the time map's horizon; refreshing before writing", field, event_time.isoformat())
     answer = yield Refresh()
     if isinstance(answer, RouterError):
+        yield Report(Event("stale_refusal"))
         raise routing.stale(event_time, field=field, cause=answer) from answer
     try:
         return choose(answer), answer
     except PastHorizon:
-        raise answer.stale(event_time, field=field) from None
+        pass
+    yield Report(Event("stale_refusal"))
+    raise answer.stale(event_time, field=field)

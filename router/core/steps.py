@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import attrs
 
 from ..errors import ClusterUnavailable, RouterError
+from ..observe import Event
 
 __all__ = [
     "Collection",
@@ -41,6 +42,7 @@ __all__ = [
     "InsertOutcome",
     "Program",
     "Refresh",
+    "Report",
     "Request",
     "Sleep",
     "Update",
@@ -155,6 +157,13 @@ class Concurrently:
 
 
 @attrs.frozen(slots=True)
+class Report:
+    """Tell the operator something (a metrics :class:`~router.observe.Event`); answered with ``None``."""
+
+    event: Event
+
+
+@attrs.frozen(slots=True)
 class Refresh:
     """Reload every cluster's metadata now; answered with the new routing, or the RouterError that stopped it."""
 
@@ -190,7 +199,7 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Insert | Delete | Update | Sleep | Concurrently | Refresh
+Request: TypeAlias = Find | Count | Insert | Delete | Update | Sleep | Concurrently | Refresh | Report
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 

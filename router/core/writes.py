@@ -32,10 +32,11 @@ from bson import ObjectId
 from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
 from ..ids import make_ids
 from ..model import FeedItem, item_documents
+from ..observe import Event
 from .checks import check_item
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
-from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Sleep
+from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
 
 __all__ = ["InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "write_program"]
 
@@ -170,7 +171,8 @@ def insert_program(
             retries += 1
             sent_before = True
             log.debug("cluster %s: %d documents hit a transient error; retry %d of %d in %.3f s",
-                      cluster, len(pending), retries, policy.attempts - 1, delay)
+                      cluster, len(pending), retries, policy.attempts - 1, delay, extra={"cluster": cluster})
+            yield Report(Event("retry", cluster=cluster, op=f"insert.{collection}"))
             yield Sleep(delay)
             continue
         if outcome.write_concern is not None:
@@ -208,7 +210,8 @@ def insert_program(
             else:
                 retries += 1
                 log.debug("cluster %s: %d documents refused with a transient code; retry %d of %d in %.3f s",
-                          cluster, len(transient), retries, policy.attempts - 1, delay)
+                          cluster, len(transient), retries, policy.attempts - 1, delay, extra={"cluster": cluster})
+                yield Report(Event("retry", cluster=cluster, op=f"insert.{collection}"))
                 yield Sleep(delay)
         pending = again + transient
     return InsertResult(written, tuple(present), failed, renamed)
@@ -311,10 +314,14 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
     ]
     outcomes = yield Concurrently(programs, names)
     failed: dict[int, RouterError] = {}
-    for cluster_failed, renamed in outcomes:
+    for name, (cluster_failed, renamed) in zip(names, outcomes):
         failed.update(cluster_failed)
         for i, oid in renamed.items():
             ids[i] = oid
+        stored = len(prepared.batches[name][0]) - len(cluster_failed)
+        yield Report(Event("items", stored, cluster=name, outcome="written"))
+        if cluster_failed:
+            yield Report(Event("items", len(cluster_failed), cluster=name, outcome="failed"))
     if failed:
         error = WriteFailed(failed, ids)
         log.error("%s", error)

@@ -29,6 +29,7 @@ from ..core.fanout import FanOutJob, batch_program
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
 from ..errors import InvalidItem, RouterError
+from ..observe import Event
 from ..storage.aclusters import AsyncClusters
 from .handle import HandleView
 
@@ -103,6 +104,14 @@ class AsyncFanOutRun(RunState):
         log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
                  job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
                  self.concurrency, len(done))
+        self.clusters.record(Event("fanout_jobs", 1))
+        try:
+            return await self._run_batches(planned, done)
+        finally:
+            self.clusters.record(Event("fanout_jobs", -1))
+
+    async def _run_batches(self, planned: AsyncIterator[tuple[int, int, list[Any]]], done: set[int]) -> FanOutResult:
+        job = self.job
         data = RawBSONDocument(bson.encode(job.activity.data))  # encoded once, shared by every copy
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import bson
@@ -30,6 +30,7 @@ from ..core.fanout import FanOutJob, batch_program, batches
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
 from ..errors import InvalidItem, RouterError
+from ..observe import Event
 from ..storage.clusters import Clusters
 from .handle import HandleView
 
@@ -69,6 +70,14 @@ class FanOutRun(RunState):
         log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
                  job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
                  self.concurrency, len(done))
+        self.clusters.record(Event("fanout_jobs", 1))
+        try:
+            return self._run_batches(stream, done)
+        finally:
+            self.clusters.record(Event("fanout_jobs", -1))
+
+    def _run_batches(self, stream: Iterator[Any], done: set[int]) -> FanOutResult:
+        job = self.job
         data = RawBSONDocument(bson.encode(job.activity.data))  # encoded once, shared by every copy
         slots = threading.BoundedSemaphore(self.concurrency)
         pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="feed-router-fanout-batch")

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Collection as AnyCollection
 from typing import Any, TypeVar
@@ -26,12 +27,14 @@ from pymongo.errors import ConfigurationError
 from ..config import ClusterConfig, RouterConfig, uri_password
 from ..core.metadata import load_timemap
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Request, Sleep, Update
+from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
 from ..errors import RouterError
+from ..observe import NO_METRICS, Event, Metrics
+from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
 from .clusters import client_options, collection_names
 from .errors import driver_error
-from .requests import IORequest, call_for, failed, late, time_left, unknown
+from .requests import IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
 
@@ -81,10 +84,12 @@ class AsyncClusters:
 
     def __init__(
         self, config: RouterConfig, *, refresh: Callable[[], Awaitable[Any]] | None = None,
-        extra_options: dict[str, Any] | None = None,
+        extra_options: dict[str, Any] | None = None, metrics: Metrics = NO_METRICS, tracing: Tracing = NO_TRACING,
     ) -> None:
         self.config = config
         self._refresh = refresh
+        self.metrics = metrics
+        self.tracing = tracing
         self._by_name: dict[str, AsyncCluster] = {}
         for spec in config.clusters:
             self._by_name[spec.name] = AsyncCluster(spec, config, extra_options=extra_options)
@@ -110,12 +115,25 @@ class AsyncClusters:
                 return stop.value  # type: ignore[no-any-return]
             reply = await self._answer(request)
 
+    def record(self, event: Event) -> None:
+        """Hand *event* to the metrics."""
+        self.metrics.record(event)
+
     async def _answer(self, request: Request) -> Any:
         if isinstance(request, (Find, Count, Insert, Delete, Update)):
             cluster = self._by_name.get(request.cluster)
             if cluster is None:
                 return unknown(request)
-            return await cluster.execute(request)
+            op = request_op(request)
+            with self.tracing.span(f"feedrouter.{op}", cluster=request.cluster, op=op):
+                began = time.perf_counter()
+                answer = await cluster.execute(request)
+            for event in observed(request, answer, time.perf_counter() - began):
+                self.metrics.record(event)
+            return answer
+        if isinstance(request, Report):
+            self.metrics.record(request.event)
+            return None
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,12 +33,14 @@ from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 from ..config import ClusterConfig, RouterConfig, uri_password
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Request, Sleep, Update
+from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
 from ..errors import ClusterUnavailable, InvalidItem, RouterError
 from ..model import ClusterMeta
+from ..observe import NO_METRICS, Event, Metrics
+from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
 from .errors import driver_error
-from .requests import IORequest, call_for, failed, late, time_left, unknown
+from .requests import IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
 __all__ = ["COMMAND_NOT_FOUND", "DEFAULT_OPTIONS", "Capabilities", "Cluster", "Clusters", "client_options", "collection_names"]
 
@@ -48,11 +51,14 @@ T = TypeVar("T")
 COMMAND_NOT_FOUND = 59
 #: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml. Every wait is
 #: bounded: finding a server, opening a connection, each socket read; and every request
-#: of a call by the call's deadline (``timeout`` in clusters.yaml).
+#: of a call by the call's deadline (``timeout`` in clusters.yaml). pymongo's own retry of
+#: reads is off: under a deadline it retries a read until the deadline, so one dead
+#: cluster would take a page's whole time; a page serves the others and owes that one.
 DEFAULT_OPTIONS: dict[str, Any] = {
     "serverSelectionTimeoutMS": 5000,
     "connectTimeoutMS": 5000,
     "socketTimeoutMS": 10000,
+    "retryReads": False,
     "appname": "feed-router",
 }
 
@@ -188,10 +194,14 @@ class Clusters:
     WORKERS_PER_CLUSTER = 4
 
     def __init__(
-        self, config: RouterConfig, *, refresh: Callable[[], Any] | None = None, extra_options: dict[str, Any] | None = None
+        self, config: RouterConfig, *, refresh: Callable[[], Any] | None = None, extra_options: dict[str, Any] | None = None,
+        metrics: Metrics = NO_METRICS, tracing: Tracing = NO_TRACING,
     ) -> None:
         self.config = config
         self._refresh = refresh
+        #: Where events go, and how spans are made (both off by default).
+        self.metrics = metrics
+        self.tracing = tracing
         self._by_name: dict[str, Cluster] = {}
         self._pools: dict[str, ThreadPoolExecutor] = {}
         try:
@@ -231,12 +241,25 @@ class Clusters:
                 return stop.value  # type: ignore[no-any-return]
             reply = self._answer(request)
 
+    def record(self, event: Event) -> None:
+        """Hand *event* to the metrics."""
+        self.metrics.record(event)
+
     def _answer(self, request: Request) -> Any:
         if isinstance(request, (Find, Count, Insert, Delete, Update)):
             cluster = self._by_name.get(request.cluster)
             if cluster is None:
                 return unknown(request)
-            return cluster.execute(request)
+            op = request_op(request)
+            with self.tracing.span(f"feedrouter.{op}", cluster=request.cluster, op=op):
+                began = time.perf_counter()
+                answer = cluster.execute(request)
+            for event in observed(request, answer, time.perf_counter() - began):
+                self.metrics.record(event)
+            return answer
+        if isinstance(request, Report):
+            self.metrics.record(request.event)
+            return None
         if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return None
@@ -252,8 +275,7 @@ class Clusters:
         programs, lanes = request.programs, request.lanes
         if len(programs) == 1:
             return [self.run(programs[0])]
-        futures = [self._pools[lane].submit(self.run, p) if lane in self._pools else _failed_future(lane)
-                   for p, lane in zip(programs, lanes)]
+        futures = [self._submit(lane, p) for p, lane in zip(programs, lanes)]
         results, first_error = [], None
         for future in futures:
             try:
@@ -264,6 +286,22 @@ class Clusters:
         if first_error is not None:
             raise first_error
         return results
+
+    def _submit(self, lane: str, program: Program[Any]) -> Future[Any]:
+        """Run *program* on *lane*'s pool, in a copy of this context (spans and timeouts carry over)."""
+        pool = self._pools.get(lane)
+        if pool is None:
+            return _failed_future(lane)
+        context = contextvars.copy_context()
+        try:
+            return pool.submit(context.run, self.run, program)
+        except RuntimeError:  # the pool is shut down (close() raced this call): run it here; its requests fail
+            future: Future[Any] = Future()
+            try:
+                future.set_result(context.run(self.run, program))
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
 
     # -- helpers for the operator tools --------------------------------------------------
 

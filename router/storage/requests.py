@@ -25,9 +25,10 @@ from ..core.steps import (
     WriteError,
 )
 from ..errors import ClusterUnavailable
+from ..observe import Event
 from .errors import classify
 
-__all__ = ["IORequest", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "time_left"]
+__all__ = ["IORequest", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
 
 IORequest = Find | Count | Insert | Delete | Update
 #: A request ready to send: the zero-argument call (returning a value, or an awaitable of it
@@ -64,6 +65,28 @@ def describe(request: IORequest) -> str:
     """What *request* was doing, for error messages: ``reading metadata``, ``writing feed`` ..."""
     verb = {Find: "reading", Count: "counting", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
     return f"{verb} {_WHAT.get(request.collection, request.collection)}"
+
+
+def request_op(request: IORequest) -> str:
+    """The ``op`` label of a request: its verb and collection, ``find.feed``, ``insert.outbox`` ..."""
+    return f"{type(request).__name__.lower()}.{request.collection}"
+
+
+def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Event]:
+    """The events a request's answer makes: its latency and outcome, and whether its cluster is up."""
+    failure = answer.failure if isinstance(answer, InsertOutcome) else answer if isinstance(answer, Failure) else None
+    outcome: str
+    if failure is not None:
+        outcome = failure.kind
+    elif isinstance(answer, InsertOutcome) and (answer.write_errors or answer.write_concern):
+        outcome = "write_errors"
+    else:
+        outcome = "ok"
+    up = 0.0 if outcome in ("timeout", "unavailable") else 1.0
+    return (
+        Event("request", seconds, cluster=request.cluster, op=request_op(request), outcome=outcome),
+        Event("cluster_up", up, cluster=request.cluster),
+    )
 
 
 def time_left(request: IORequest, client: Any) -> float:
