@@ -23,7 +23,7 @@ from .common import NAMES, SIZES, UTC, Result
 from .edits import bench_delete
 from .fanout import bench_fanout, bench_fanout_memory
 from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
-from .writes import bench_cpu, bench_writes
+from .writes import bench_cpu, bench_handwritten, bench_writes
 
 
 def _chart(results: list[Result], path: Path) -> str:
@@ -88,6 +88,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
         steps: list[tuple[str, Callable[[], Result]]] = [
             ("cpu_ratio", lambda: bench_cpu(s.cpu, s.reps)),
             ("write_ratio", lambda: bench_writes(servers, s.writes, s.reps)),
+            ("handwritten_ratio", lambda: bench_handwritten(servers, s.writes, s.reps)),
             ("commands_per_page", lambda: bench_pages(servers)),
             ("read_ratio", lambda: bench_read(servers, s.reps, s.reads)),
             ("async_reads", lambda: bench_async_reads(servers, s.reps)),
