@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 import threading
 
+import bson
+
 
 class BlipProxy:
     """Listens on 127.0.0.1:<port> and forwards to 127.0.0.1:<target>."""
@@ -92,6 +94,122 @@ class BlipProxy:
                 except OSError:
                     pass
                 s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+
+class LegacyHelloProxy:
+    """A loopback proxy that makes a real server look older than MongoDB 4.4: it does not know ``hello``.
+
+    Like mongo-java-server and other MongoDB-wire servers: a ``hello`` command gets
+    ``CommandNotFound`` (code 59) back, and ``helloOk`` is removed from every reply, so the
+    driver keeps using ``isMaster`` for its own handshakes and monitoring. Everything else
+    is forwarded untouched, message by message.
+    """
+
+    _OP_REPLY, _OP_MSG = 1, 2013
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.refused = 0
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def uri(self) -> str:
+        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._from_client, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._from_server, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _read(sock: socket.socket) -> bytes | None:
+        header = b""
+        while len(header) < 4:
+            chunk = sock.recv(4 - len(header))
+            if not chunk:
+                return None
+            header += chunk
+        length = int.from_bytes(header, "little")
+        body = header
+        while len(body) < length:
+            chunk = sock.recv(length - len(body))
+            if not chunk:
+                return None
+            body += chunk
+        return body
+
+    def _from_client(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while (message := self._read(src)) is not None:
+                request_id = int.from_bytes(message[4:8], "little")
+                opcode = int.from_bytes(message[12:16], "little")
+                if opcode == self._OP_MSG and message[20] == 0:
+                    command = bson.decode(message[21 : 21 + int.from_bytes(message[21:25], "little")])
+                    if next(iter(command), "") == "hello":
+                        self.refused += 1
+                        reply = bson.encode({"ok": 0.0, "errmsg": "no such command: 'hello'", "code": 59,
+                                             "codeName": "CommandNotFound"})
+                        body = (0).to_bytes(4, "little") + b"\x00" + reply
+                        header = (16 + len(body)).to_bytes(4, "little") + (0).to_bytes(4, "little") + \
+                            request_id.to_bytes(4, "little") + self._OP_MSG.to_bytes(4, "little")
+                        src.sendall(header + body)
+                        continue
+                dst.sendall(message)
+        except OSError:
+            pass
+        finally:
+            self._close(src, dst)
+
+    def _from_server(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while (message := self._read(src)) is not None:
+                dst.sendall(self._without_hello_ok(message))
+        except OSError:
+            pass
+        finally:
+            self._close(src, dst)
+
+    def _without_hello_ok(self, message: bytes) -> bytes:
+        opcode = int.from_bytes(message[12:16], "little")
+        if opcode == self._OP_MSG and message[20] == 0:
+            start = 21
+        elif opcode == self._OP_REPLY:
+            start = 36
+        else:
+            return message
+        size = int.from_bytes(message[start : start + 4], "little")
+        doc = bson.decode(message[start : start + size])
+        if "helloOk" not in doc:
+            return message
+        del doc["helloOk"]
+        encoded = bson.encode(doc)
+        rebuilt = message[4:start] + encoded + message[start + size :]
+        return (len(rebuilt) + 4).to_bytes(4, "little") + rebuilt
+
+    @staticmethod
+    def _close(*socks: socket.socket) -> None:
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
 
     def close(self) -> None:
         self._closed = True

@@ -15,6 +15,7 @@ from router import RouterConfig
 from router.admin.migrate import MigrationContext, default_folder, discover, migrate_cluster
 from router.errors import MigrationError
 from router.storage.clusters import Capabilities, Cluster
+from router.testing.proxy import LegacyHelloProxy
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
@@ -176,3 +177,20 @@ def test_outbox_migration_on_a_mongos(cluster: Any) -> None:
         {"createIndexes": config.feed_collection, "indexes": [{"key": {"data_key": 1, "_id": 1}, "name": "data_key_id"}]})
     assert ctx.commands[-1] == ("admin", {"shardCollection": f"{config.database}.outbox", "key": {"sender_id": "hashed"}})
     assert not any("skipped" in s for s in ctx.steps)
+
+
+def test_capabilities_on_a_server_without_hello(make_config: Callable[..., RouterConfig], raw_clients: Clients) -> None:
+    """A server that refuses `hello` (as before MongoDB 4.4, or mongo-java-server): capabilities() asks isMaster."""
+    host, port = raw_clients["cluster_1"].address
+    proxy = LegacyHelloProxy(port)
+    try:
+        config = make_config(uris=[proxy.uri, proxy.uri.replace("127.0.0.1", "localhost"), "mongodb://127.0.0.1:9"])
+        c = Cluster(config.clusters[0], config)
+        try:
+            caps = c.capabilities()
+        finally:
+            c.close()
+        assert proxy.refused >= 1  # hello really was refused
+        assert caps.sharded is False and caps.server in ("ferretdb", "mongodb") and caps.version
+    finally:
+        proxy.close()
