@@ -1,8 +1,9 @@
-"""A loopback TCP proxy in front of a real server that can cut the connection carrying a chosen command.
+"""Loopback TCP proxies in front of a real server, for testing what the router does when the wire misbehaves.
 
-It forwards bytes untouched; ``cut_next(b"insert", n)`` makes it close, without
-forwarding, the next *n* client messages that contain that command name: the
-driver sees a network error mid-operation, as with a real network blip.
+* :class:`BlipProxy` forwards bytes untouched; ``cut_next(b"insert", n)`` makes it close,
+  without forwarding, the next *n* client messages that contain that command name: the
+  driver sees a network error mid-operation, as with a real network blip.
+* :class:`LegacyHelloProxy` makes the server look older than MongoDB 4.4 (no ``hello``).
 """
 
 from __future__ import annotations
@@ -13,23 +14,62 @@ import threading
 import bson
 
 
-class BlipProxy:
-    """Listens on 127.0.0.1:<port> and forwards to 127.0.0.1:<target>."""
+class _Proxy:
+    """Listens on 127.0.0.1:<port>; each connection accepted is paired with one to 127.0.0.1:<target>."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._cut: dict[bytes, int] = {}
-        self._cut_reply: dict[bytes, int] = {}
-        self.cuts = 0
         self._closed = False
+
+    def _start(self) -> None:
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def uri(self) -> str:
         return f"mongodb://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            self._pair(client, upstream)
+
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _close(*socks: socket.socket) -> None:
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+
+class BlipProxy(_Proxy):
+    """Forwards bytes untouched, except the messages it was told to cut."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self._lock = threading.Lock()
+        self._cut: dict[bytes, int] = {}
+        self._cut_reply: dict[bytes, int] = {}
+        self.cuts = 0
+        self._start()
 
     def cut_next(self, marker: bytes, times: int = 1) -> None:
         """Drop the connection on the next *times* client messages containing *marker*."""
@@ -57,20 +97,10 @@ class BlipProxy:
     def _should_cut_reply(self, data: bytes) -> bool:
         return self._take(self._cut_reply, data)
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                client.close()
-                continue
-            doomed = threading.Event()  # the request went through; its reply must not
-            threading.Thread(target=self._pump, args=(client, upstream, True, doomed), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False, doomed), daemon=True).start()
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> None:
+        doomed = threading.Event()  # the request went through; its reply must not
+        threading.Thread(target=self._pump, args=(client, upstream, True, doomed), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client, False, doomed), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool, doomed: threading.Event) -> None:
         try:
@@ -88,19 +118,10 @@ class BlipProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
+            self._close(src, dst)
 
 
-class LegacyHelloProxy:
+class LegacyHelloProxy(_Proxy):
     """A loopback proxy that makes a real server look older than MongoDB 4.4: it does not know ``hello``.
 
     Like mongo-java-server and other MongoDB-wire servers: a ``hello`` command gets
@@ -112,30 +133,17 @@ class LegacyHelloProxy:
     _OP_REPLY, _OP_MSG = 1, 2013
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
+        super().__init__(target_port)
         self.refused = 0
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._start()
 
     @property
     def uri(self) -> str:
         return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                client.close()
-                continue
-            threading.Thread(target=self._from_client, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._from_server, args=(upstream, client), daemon=True).start()
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> None:
+        threading.Thread(target=self._from_client, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._from_server, args=(upstream, client), daemon=True).start()
 
     @staticmethod
     def _read(sock: socket.socket) -> bytes | None:
@@ -201,16 +209,3 @@ class LegacyHelloProxy:
         encoded = bson.encode(doc)
         rebuilt = message[4:start] + encoded + message[start + size :]
         return (len(rebuilt) + 4).to_bytes(4, "little") + rebuilt
-
-    @staticmethod
-    def _close(*socks: socket.socket) -> None:
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
