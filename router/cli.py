@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -20,7 +21,8 @@ from . import __version__
 from .admin.migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
 from .admin.periods import apply_period, plan_period, retire
 from .admin.rollover import RolloverScheduler, default_owner, do_rollover
-from .config import RouterConfig, load_config
+from .config import RouterConfig, broker_problem, load_config, redact_uri
+from .core.checkpoint import JobStatus
 from .errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
 from .model import ClusterMeta
 from .storage.clusters import Cluster, Clusters
@@ -168,6 +170,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     retire_cmd.add_argument("name", metavar="NAME")
     retire_cmd.add_argument("--dry-run", action="store_true", help="check, change nothing")
+
+    worker = sub.add_parser(
+        "worker",
+        help="run a Celery worker that writes fan-out batches (needs feed-router[celery])",
+        description="Run a Celery worker that takes fan-out batches from the broker and writes each into its "
+        "cluster, until SIGTERM or Ctrl-C (a warm shutdown: running batches finish). The broker is --broker, "
+        "else celery.broker in clusters.yaml. Each worker process opens its cluster clients once, at its first "
+        "batch. Logs go to stderr; nothing is printed on stdout.",
+    )
+    worker.add_argument("--broker", metavar="URL", default=None,
+                        help="Celery broker URL, e.g. redis://host:6379/0 or amqp://user:pw@host:5672// "
+                        "(default: celery.broker in clusters.yaml)")
+    worker.add_argument("--queues", metavar="Q[,Q]", default=None,
+                        help="queues to consume, in priority order (default: feedrouter.active,feedrouter.inactive)")
+    worker.add_argument("--concurrency", type=int, default=None, metavar="N",
+                        help="worker processes (or threads) (default: one per CPU)")
+    worker.add_argument("--pool", choices=["prefork", "solo", "threads"], default="prefork",
+                        help="how batches run: processes, in the worker's own process, or threads (default: %(default)s)")
+    worker.add_argument("--hostname", metavar="NAME", default=None,
+                        help="the worker's node name, e.g. fanout1@%%h (default: Celery's celery@HOST)")
+
+    status = sub.add_parser(
+        "fanout-status",
+        help="a fan-out job's progress, read from its checkpoint",
+        description="Print the progress of fan-out job JOB (and of JOB/inactive, its inactive receivers' job, "
+        "if there is one) from its checkpoint in the owning cluster: batches done, failed and missing, and the "
+        "counts of copies. Exits 1 if a job failed or was cancelled, or no cluster has JOB.",
+    )
+    status.add_argument("job", metavar="JOB", help="the job id (publish_fan_out returns it)")
     return parser
 
 
@@ -375,6 +406,78 @@ def _cmd_retire(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace, config: RouterConfig) -> int:
+    try:
+        from .fanout.celery import DEFAULT_QUEUES, app_from_config, run_worker
+    except ImportError as exc:
+        raise _UsageError(f"worker: Celery is not installed ({exc}); pip install 'feed-router[celery]'") from None
+    if args.broker is not None and broker_problem(args.broker) is not None:
+        raise _UsageError(f"--broker: {broker_problem(args.broker)}")
+    if args.broker is None and config.celery is None:
+        raise _UsageError(f"worker: no broker: pass --broker URL or add a celery: {{broker: URL}} section to {config.source}")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise _UsageError(f"--concurrency: must be at least 1 (got {args.concurrency})")
+    queues = list(DEFAULT_QUEUES)
+    if args.queues is not None:
+        queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+        unknown = [q for q in queues if q not in DEFAULT_QUEUES]
+        if not queues or unknown:
+            raise _UsageError(f"--queues: must name {' and/or '.join(DEFAULT_QUEUES)} (got {args.queues!r})")
+    if not args.verbose:  # one line per task from Celery itself only with -v
+        for name in ("celery.app.trace", "celery.worker.strategy"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    app = app_from_config(config, broker=args.broker)
+    log.info("fan-out worker: broker %s, queues %s, clusters from %s", redact_uri(app.conf.broker_url), ",".join(queues),
+             config.source)
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    os.dup2(2, 1)  # Celery writes its shutdown notices to the process's stdout: they are logs, so stderr
+    try:
+        return run_worker(app, queues=queues, concurrency=args.concurrency, pool=args.pool, hostname=args.hostname)
+    finally:
+        os.dup2(stdout, 1)
+        os.close(stdout)
+
+
+def _describe_job(status: JobStatus) -> list[str]:
+    total = "?" if status.batches_total is None else str(status.batches_total)
+    lines = [
+        f"{status.job_id}: {status.state} in cluster {status.cluster!r}: {status.batches_done} of {total} batches done "
+        f"({status.recorded}, {status.runs} runs)",
+        f"  copies: {status.written} written, {status.already_present} already present, {status.skipped} skipped",
+    ]
+    if status.failed_batches:
+        shown = ", ".join(map(str, status.failed_batches[:20])) + (" ..." if len(status.failed_batches) > 20 else "")
+        lines.append(f"  failed batches ({len(status.failed_batches)}): {shown}")
+    if status.batches_missing:
+        shown = ", ".join(map(str, status.missing_batches[:20])) + (" ..." if status.batches_missing > 20 else "")
+        hint = (": still queued or running, or given up by a worker; publish the job again to resend them"
+                if status.recorded == "published" else "")
+        lines.append(f"  missing batches ({status.batches_missing}){hint}: {shown}")
+    if status.error:
+        lines.append(f"  error: {status.error}")
+    if status.updated_at is not None:
+        lines.append(f"  updated at {status.updated_at.isoformat()}")
+    return lines
+
+
+def _cmd_fanout_status(args: argparse.Namespace, config: RouterConfig) -> int:
+    from .fanout.celery_plan import inactive_job_id
+    from .sync import FeedRouter
+
+    with FeedRouter(config, refresh=False) as router:
+        statuses = [router.fan_out_status(args.job)]
+        try:
+            statuses.append(router.fan_out_status(inactive_job_id(args.job)))
+        except InvalidItem:  # no inactive receivers' job
+            pass
+    lines = [line for s in statuses for line in _describe_job(s)]
+    _emit(args, [s.to_json() for s in statuses], "\n".join(lines))
+    if any(s.state in ("failed", "cancelled") for s in statuses):
+        raise _Failed
+    return 0
+
+
 # -- entry point ------------------------------------------------------------------------
 
 
@@ -382,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``feedrouter``; return the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    default = logging.INFO if args.command == "scheduler" else logging.WARNING
+    default = logging.INFO if args.command in ("scheduler", "worker") else logging.WARNING
     level = logging.ERROR if args.quiet else {0: default, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -401,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rollover": _cmd_rollover,
             "scheduler": _cmd_scheduler,
             "retire": _cmd_retire,
+            "worker": _cmd_worker,
+            "fanout-status": _cmd_fanout_status,
         }
         return commands[args.command](args, config)
     except _Failed:

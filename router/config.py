@@ -24,6 +24,11 @@ Example file::
       retry_backoff: 100ms         # first backoff, doubled each retry, jittered
     refresh_interval: 60s          # how often every router reloads the metadata
     timeout: 10s                   # the longest any call waits for a cluster (retries included)
+    celery:                        # optional; fan-out on Celery workers (router.fanout.celery)
+      broker: redis://:${REDIS_PASSWORD}@broker.example:6379/0
+      visibility_timeout: 1h       # Redis/SQS: an unacknowledged batch is delivered again after this
+      retries: 3                   # a batch whose cluster failed is tried again this many times
+      retry_backoff: 5s            # first pause before a retry, doubled each time, jittered
     clusters:
       - name: cluster_1
         uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
@@ -50,6 +55,8 @@ from .errors import ConfigError, ConfigProblem
 from .timemap import ReadWindow
 
 __all__ = [
+    "CeleryConfig",
+    "broker_problem",
     "ClusterConfig",
     "RolloverConfig",
     "RouterConfig",
@@ -199,6 +206,29 @@ class RolloverConfig:
 
 
 @attrs.frozen(kw_only=True)
+class CeleryConfig:
+    """The ``celery:`` section: the broker that carries fan-out batches to workers, and how they retry.
+
+    ``broker`` is a Celery broker URL (``redis://...``, ``amqp://...``); ``repr()`` and
+    :attr:`display_broker` never show its password. ``visibility_timeout`` is how long a
+    batch a worker took but did not acknowledge stays invisible before the broker hands it
+    out again (Redis and SQS; RabbitMQ redelivers when the worker's connection drops).
+    A batch whose cluster failed is tried again ``retries`` times, after ``retry_backoff``
+    then twice as long each time (jittered). See :mod:`router.fanout.celery`.
+    """
+
+    broker: str = attrs.field(repr=lambda u: repr(_masked(u)))
+    visibility_timeout: timedelta = timedelta(hours=1)
+    retries: int = 3
+    retry_backoff: timedelta = timedelta(seconds=5)
+
+    @property
+    def display_broker(self) -> str:
+        """The broker URL safe to print or log."""
+        return _masked(self.broker)
+
+
+@attrs.frozen(kw_only=True)
 class RouterConfig:
     """Everything ``clusters.yaml`` says, validated.
 
@@ -222,6 +252,7 @@ class RouterConfig:
     refresh_interval: timedelta = timedelta(seconds=60)
     timeout: timedelta = timedelta(seconds=10)
     rollover: RolloverConfig | None = None
+    celery: CeleryConfig | None = None
     source: str = "<config>"
 
 
@@ -326,7 +357,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     top = r.mapping(
         root, "", {
             "database", "collections", "read_window", "read", "write", "fanout", "refresh_interval", "timeout", "rollover",
-            "clusters",
+            "celery", "clusters",
         }
     )
     if top is None:
@@ -379,6 +410,8 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         kwargs["timeout"] = _duration(r, top["timeout"], "timeout")
     if "rollover" in top:
         kwargs["rollover"] = _rollover(r, top["rollover"], {c.name for c in clusters}, bool(clusters))
+    if "celery" in top:
+        kwargs["celery"] = _celery(r, top["celery"])
     if r.problems:
         raise ConfigError(sorted(r.problems, key=lambda p: (p.line, p.column)))
     return RouterConfig(clusters=tuple(clusters), **{k: v for k, v in kwargs.items() if v is not None})
@@ -444,6 +477,45 @@ def _rollover(r: _Reader, node: yaml.Node, names: set[str], check_names: bool) -
                     standby.append(name)
             kwargs["standby"] = tuple(standby)
     return RolloverConfig(**kwargs)
+
+
+_BROKER = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S*$")
+
+
+def broker_problem(url: object) -> str | None:
+    """Why *url* is not a Celery broker URL, or ``None``; the reason never shows a password."""
+    if isinstance(url, str) and _BROKER.match(url):
+        return None
+    shown = url
+    if isinstance(url, str):  # not a URL, but whatever precedes an "@" may still be a password
+        shown = _masked(url) if "://" in url else ("***@" + url.rpartition("@")[2] if "@" in url else url)
+    return f"must be a broker URL like redis://host:6379/0 or amqp://user:password@host:5672// (got {shown!r})"
+
+
+def _celery(r: _Reader, node: yaml.Node) -> CeleryConfig | None:
+    spec = r.mapping(node, "celery", {"broker", "visibility_timeout", "retries", "retry_backoff"})
+    if spec is None:
+        return None
+    broker = None
+    if "broker" not in spec:
+        r.problem(node, "celery.broker", "is required: a Celery broker URL like redis://host:6379/0")
+    else:
+        raw = r.value(spec["broker"], "celery.broker")
+        problem = broker_problem(raw)
+        if problem is None:
+            broker = raw
+        elif isinstance(spec["broker"], yaml.ScalarNode):
+            r.problem(spec["broker"], "celery.broker", problem)
+    kwargs: dict[str, Any] = {}
+    if "visibility_timeout" in spec:
+        kwargs["visibility_timeout"] = _duration(r, spec["visibility_timeout"], "celery.visibility_timeout")
+    if "retries" in spec:
+        kwargs["retries"] = r.integer(spec["retries"], "celery.retries", minimum=0)
+    if "retry_backoff" in spec:
+        kwargs["retry_backoff"] = _duration(r, spec["retry_backoff"], "celery.retry_backoff")
+    if broker is None:
+        return None
+    return CeleryConfig(broker=broker, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from .fanout import BatchOutcome, FanOutJob
 
 __all__ = [
-    "JobStatus", "check_checkpoint", "done_batches", "finish_checkpoint", "job_status", "millis", "open_checkpoint",
-    "read_batches", "record_batch",
+    "JobStatus", "MAX_MISSING_LISTED", "check_checkpoint", "done_batches", "finish_checkpoint", "job_status", "millis",
+    "open_checkpoint", "read_batches", "record_batch",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,10 @@ def finish_checkpoint(
     return None
 
 
+#: The most missing batch numbers a :class:`JobStatus` lists (``batches_missing`` is always the full count).
+MAX_MISSING_LISTED = 1000
+
+
 @attrs.frozen
 class JobStatus:
     """A job's progress as its checkpoint tells it, readable from any process.
@@ -168,6 +172,14 @@ class JobStatus:
     ``state`` is ``done`` (every batch written), ``failed`` (some batch failed and the last
     run, or the publisher, has ended), ``cancelled``, or ``running`` (batches still being
     written, or the receivers not all read yet). Counts add up the batches done.
+
+    Once the receivers were all read (``batches_total`` is known), ``batches_missing``
+    counts the batches with no record at all (``missing_batches`` lists the first
+    :data:`MAX_MISSING_LISTED`): still queued or running, or lost for good when a worker
+    gave up on a batch whose cluster was down (its record could not be written either).
+    ``recorded`` is what the last run or publisher wrote (``running``, ``published``,
+    ``done``, ``failed``, ``cancelled``): with ``published``, every batch was handed to
+    the workers, so missing batches that stay missing need the job published again.
     """
 
     job_id: str
@@ -182,11 +194,15 @@ class JobStatus:
     runs: int
     error: str | None
     updated_at: datetime | None
+    batches_missing: int | None = None
+    missing_batches: tuple[int, ...] = ()
+    recorded: str = "running"
 
     def to_json(self) -> dict[str, Any]:
         """The status as plain JSON values."""
         out = attrs.asdict(self)
         out["failed_batches"] = list(self.failed_batches)
+        out["missing_batches"] = list(self.missing_batches)
         out["updated_at"] = self.updated_at.isoformat() if self.updated_at else None
         return out
 
@@ -207,10 +223,17 @@ def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[s
         state = "failed"
     else:
         state = "running"
+    missing: int | None = None
+    listed: list[int] = []
+    if total is not None:
+        seen = {int(r["n"]) for r in records if type(r.get("n")) is int}
+        absent = [n for n in range(total) if n not in seen]
+        missing, listed = len(absent), absent[:MAX_MISSING_LISTED]
     return JobStatus(
         job_id=str(doc.get("_id")), cluster=cluster, state=state, batches_done=len(done), batches_total=total,
         failed_batches=failed, written=sum(int(r.get("written") or 0) for r in done),
         already_present=sum(int(r.get("already_present") or 0) for r in done),
         skipped=sum(int(r.get("skipped") or 0) for r in done), runs=int(doc.get("runs") or 0), error=doc.get("error"),
         updated_at=doc.get("updated_at") if isinstance(doc.get("updated_at"), datetime) else None,
+        batches_missing=missing, missing_batches=tuple(listed), recorded=recorded,
     )

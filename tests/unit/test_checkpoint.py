@@ -106,3 +106,26 @@ def test_insert_counts_come_from_write_errors_only() -> None:
     except StopIteration as stop:
         result = stop.value
     assert (result.written, result.present, result.failed) == (2, (1,), {})
+
+
+def test_job_status_names_missing_batches_once_the_total_is_known() -> None:
+    """Batches with no record at all are counted (and listed) once publishing recorded the total; before, unknown."""
+    running = job_status("c2", {"_id": "j", "status": "running", "batches_total": None}, _records([0]))
+    assert (running.batches_missing, running.missing_batches, running.recorded) == (None, (), "running")
+    published = job_status("c2", {"_id": "j", "status": "published", "batches_total": 6}, _records([0, 2], [3]))
+    assert (published.state, published.recorded, published.batches_done) == ("failed", "published", 2)
+    assert (published.batches_missing, published.missing_batches, published.failed_batches) == (3, (1, 4, 5), (3,))
+    lost = job_status("c2", {"_id": "j", "status": "published", "batches_total": 3}, _records([1]))
+    assert (lost.state, lost.batches_missing, lost.missing_batches) == ("running", 2, (0, 2))
+    done = job_status("c2", {"_id": "j", "status": "published", "batches_total": 2}, _records([0, 1]))
+    assert (done.state, done.batches_missing, done.missing_batches) == ("done", 0, ())
+    assert json.loads(json.dumps(lost.to_json()))["missing_batches"] == [0, 2]
+
+
+def test_missing_batches_listed_up_to_a_bound() -> None:
+    """A huge job lists at most MAX_MISSING_LISTED missing numbers; the count is exact."""
+    from router.core.checkpoint import MAX_MISSING_LISTED
+
+    got = job_status("c2", {"_id": "j", "status": "published", "batches_total": MAX_MISSING_LISTED + 500}, _records([0]))
+    assert got.batches_missing == MAX_MISSING_LISTED + 499
+    assert len(got.missing_batches) == MAX_MISSING_LISTED and got.missing_batches[0] == 1

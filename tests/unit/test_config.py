@@ -73,7 +73,7 @@ clusters:
   - uri: mongodb://h:3
 """
     assert problems(text) == [
-        "clusters.yaml:2:1: colections: unknown key (expected one of: clusters, collections, database, fanout, read, read_window, refresh_interval, rollover, timeout, write)",
+        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clusters, collections, database, fanout, read, read_window, refresh_interval, rollover, timeout, write)",
         "clusters.yaml:3:25: read_window.clusters: must be at least 1 (got 0)",
         "clusters.yaml:3:37: read_window.max_age: must be a positive duration like 90d, 12h, 4w (got '12x')",
         "clusters.yaml:4:21: write.batch_size: must be an integer (got 'many')",
@@ -214,3 +214,36 @@ def test_deep_yaml_is_a_config_error() -> None:
     """A file nested thousands of levels deep is a ConfigError, not a RecursionError."""
     deep = "clusters: " + "[" * 5000 + "]" * 5000 + "\n"
     assert problems(deep) == ["clusters.yaml: nested too deeply to be a clusters.yaml"]
+
+
+def test_celery_section() -> None:
+    """The celery section: broker (with ${VAR}), visibility timeout, retries and backoff; defaults; masked repr."""
+    text = GOOD + "celery:\n  broker: redis://:${REDIS_PW}@broker.example:6379/0\n  visibility_timeout: 10m\n  retries: 5\n  retry_backoff: 250ms\n"
+    cfg = parse_config(text, env={"PW": "x", "REDIS_PW": "hunter2"})
+    assert cfg.celery is not None
+    assert cfg.celery.broker == "redis://:hunter2@broker.example:6379/0"
+    assert (cfg.celery.visibility_timeout, cfg.celery.retries, cfg.celery.retry_backoff) == (
+        timedelta(minutes=10), 5, timedelta(milliseconds=250))
+    assert "hunter2" not in repr(cfg) and cfg.celery.display_broker == "redis://:***@broker.example:6379/0"
+    plain = parse_config(GOOD + "celery: {broker: 'amqp://feed:pw@rabbit:5672//'}\n", env={"PW": "x"}).celery
+    assert plain is not None and (plain.visibility_timeout, plain.retries, plain.retry_backoff) == (
+        timedelta(hours=1), 3, timedelta(seconds=5))
+    assert parse_config(GOOD, env={"PW": "x"}).celery is None
+
+
+def test_celery_problems() -> None:
+    """Every problem of the celery section is reported with its position; a broker's password never shows."""
+    text = GOOD + "celery:\n  broker: 'u:s3cret@localhost'\n  visibility_timeout: soon\n  retries: -1\n  queue: x\n"
+    assert problems(text, env={"PW": "x"}) == [
+        "clusters.yaml:11:11: celery.broker: must be a broker URL like redis://host:6379/0 or amqp://user:password@host:5672// "
+        "(got '***@localhost')",
+        "clusters.yaml:12:23: celery.visibility_timeout: must be a positive duration like 90d, 12h, 4w (got 'soon')",
+        "clusters.yaml:13:12: celery.retries: must be at least 0 (got -1)",
+        "clusters.yaml:14:3: celery.queue: unknown key (expected one of: broker, retries, retry_backoff, visibility_timeout)",
+    ]
+    assert problems(GOOD + "celery: {retries: 2}\n", env={"PW": "x"}) == [
+        "clusters.yaml:10:9: celery.broker: is required: a Celery broker URL like redis://host:6379/0"]
+    assert problems(GOOD + "celery: {broker: '${BROKER}'}\n", env={"PW": "x"})[0] == (
+        "clusters.yaml:10:18: celery.broker: environment variable BROKER is not set (got '${BROKER}')")
+    (msg,) = problems(GOOD + "celery: {broker: 'redis ://u:pw@h'}\n", env={"PW": "x"})
+    assert msg.startswith("clusters.yaml:10:18: celery.broker: must be a broker URL") and "pw" not in msg, msg
