@@ -21,6 +21,7 @@ from . import __version__
 from .admin.migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
 from .admin.periods import apply_period, plan_period, retire
 from .admin.rollover import RolloverScheduler, default_owner, do_rollover
+from .admin.scrape import ClusterStats, scrape
 from .config import RouterConfig, broker_problem, load_config, redact_uri
 from .core.checkpoint import JobStatus
 from .errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
@@ -104,13 +105,17 @@ def _parser() -> argparse.ArgumentParser:
         "and the time map, and check that every cluster has all migrations applied. Prints the time map, "
         "or every problem found; exits 0 only when there is none.",
     )
-    sub.add_parser(
+    status = sub.add_parser(
         "status",
         help="a table of clusters: period, reachable, round trip, documents, migrations",
         description="Show, for each configured cluster: its period, whether it answers, the round-trip "
-        "time of a ping, the estimated number of feed documents and the migrations applied. "
+        "time of a ping, the estimated number of feed documents and the migrations applied. With "
+        "--metrics, also what a running service's router saw of each cluster: requests, failed requests, "
+        "mean latency and whether it answered last. "
         "Exits 1 if any cluster is unreachable or has a malformed metadata document (marked in its row).",
     )
+    status.add_argument("--metrics", metavar="URL", default=None,
+                        help="a service's Prometheus endpoint (PrometheusMetrics), e.g. http://feed-1:9108/metrics")
     migrate = sub.add_parser(
         "migrate",
         help="apply pending migrations to every cluster (or one)",
@@ -291,6 +296,10 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
                     row["error"] = problem
             rows.append(row)
         progress.close()
+    seen = _scraped(args.metrics) if args.metrics else None
+    if seen is not None:
+        for row in rows:
+            row["metrics"] = seen.get(row["cluster"], ClusterStats()).to_json()
     header = f"{'cluster':<14} {'period':<50} {'reachable':<9} {'rtt ms':>7} {'feed docs':>10}  migrations"
     lines = [header]
     for row in rows:
@@ -311,11 +320,28 @@ def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
             )
         else:
             lines.append(f"{row['cluster']:<14} {period:<50} {'NO':<9} {'-':>7} {'-':>10}  -")
+    if seen is not None:
+        lines += ["", f"seen by the service at {redact_uri(args.metrics)}:",
+                  f"{'cluster':<14} {'requests':>9} {'failed':>7} {'mean ms':>8}  answered last"]
+        for row in rows:
+            m = row["metrics"]
+            mean = "-" if m["mean_ms"] is None else f"{m['mean_ms']:.1f}"
+            answered = {True: "yes", False: "NO", None: "-"}[m["up"]]
+            lines.append(f"{row['cluster']:<14} {m['requests']:>9} {m['errors']:>7} {mean:>8}  {answered}")
     lines += [f"error: {row['error']}" for row in rows if row.get("error")]
     _emit(args, rows, "\n".join(lines))
     if any(row.get("error") for row in rows):
         raise _Failed
     return 0
+
+
+def _scraped(url: str) -> dict[str, ClusterStats]:
+    """The per-cluster figures at a service's Prometheus endpoint; usage error without prometheus_client."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise _UsageError("--metrics needs prometheus_client: pip install 'feed-router[prometheus]'") from None
+    return scrape(url)
 
 
 def _cmd_migrate(args: argparse.Namespace, config: RouterConfig) -> int:

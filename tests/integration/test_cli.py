@@ -152,3 +152,38 @@ def test_unusable_config_exits_2(tmp_path: Path, text: str, expected: str) -> No
         result = feedrouter("-c", str(path), *command)
         assert result.returncode == 2, (command, result.stdout, result.stderr)
         assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_shows_what_a_service_saw(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
+    """status --metrics URL adds, per cluster, the requests a running router sent, the failed ones and their latency."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from router import FeedItem, FeedRouter, data_key
+    from router.observe.prometheus import PrometheusMetrics
+
+    from .conftest import NOW, P0, P1, P2
+
+    config = make_config()
+    register(config)
+    registry = CollectorRegistry()
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)  # the service's endpoint, not the router's
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        with FeedRouter(config, clock=lambda: NOW, refresh=False, metrics=PrometheusMetrics(registry=registry)) as feeds:
+            feeds.write_many([FeedItem(receiver_id=1, sender_id=1, event_time=t, type=1, data={}, data_key=data_key("m", i))
+                              for i, t in enumerate((P0, P1, P2))])
+            feeds.read(1)
+            path = write_yaml(tmp_path / "clusters.yaml", config)
+            result = feedrouter("-c", str(path), "status", "--metrics", url)
+            as_json = json.loads(feedrouter("--json", "-c", str(path), "status", "--metrics", url).stdout)
+    finally:
+        server.shutdown()
+        thread.join(10)
+    assert result.returncode == 0, result.stderr
+    assert f"seen by the service at {url}:" in result.stdout
+    rows = {line.split()[0]: line.split() for line in result.stdout.split("seen by the service")[1].splitlines()[2:5]}
+    assert set(rows) == {"cluster_1", "cluster_2", "cluster_3"}
+    # a metadata read each at start-up, then one insert each, then the page's find in each (one item per period)
+    assert [rows[c][1:3] for c in ("cluster_1", "cluster_2", "cluster_3")] == [["3", "0"]] * 3
+    assert all(rows[c][4] == "yes" for c in rows)
+    assert [r["metrics"]["requests"] for r in as_json] == [3, 3, 3] and all(r["metrics"]["mean_ms"] > 0 for r in as_json)
