@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         "(standby) cluster, check every claim with plain pymongo, and stop the servers.",
     )
     demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
-    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb"], default=None,
+    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
                       help="server to run (default: $FEED_TEST_BACKEND, else auto)")
 
     sub.add_parser(
