@@ -11,23 +11,23 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__
-from .admin.migrate import MIGRATIONS_COLLECTION, applied_migrations, discover, migrate_cluster
+from .admin.migrate import discover, migrate_cluster
 from .admin.periods import apply_period, plan_period, retire
 from .admin.rollover import RolloverScheduler, default_owner, do_rollover
 from .admin.scrape import ClusterStats, scrape
-from .config import RouterConfig, broker_problem, load_config, redact_uri
+from .admin.status import check_report, status_rows
+from .config import RouterConfig, load_config
 from .core.checkpoint import JobStatus
 from .errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
-from .model import ClusterMeta
-from .storage.clusters import Cluster, Clusters
-from .timemap import TimeMap, format_period
+from .storage.clusters import Clusters
+from .timemap import format_period
+from .uris import broker_problem, redact_uri
 
 __all__ = ["main"]
 
@@ -223,29 +223,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace, config: RouterConfig) -> int:
-    migrations = discover()
-    problems: list[str] = []
-    with Clusters(config) as clusters:
-        metas, meta_problems, down = clusters.inspect_metadata()
-        problems += [str(e) for e in down.values()]
-        problems += meta_problems
-        reachable = [n for n in clusters.names if n not in down]
-        applied = clusters.each(lambda c: applied_migrations(c, config), reachable)
-        for name, done in applied.items():
-            if isinstance(done, ClusterUnavailable):
-                problems.append(str(done))
-                continue
-            missing = [m.id for m in migrations if m.id not in done]
-            if missing:
-                problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
-    timemap = TimeMap(metas) if not meta_problems else None
-    report: dict[str, Any] = {"ok": not problems, "problems": problems}
+    report, timemap = check_report(config)
+    problems: list[str] = report["problems"]
     lines = []
     if timemap is not None:
-        report["clusters"] = [
-            {"name": m.name, "start_date": m.start_date, "end_date": m.end_date} for m in timemap.periods
-        ]
-        report["gaps"] = [[a, b] for a, b in timemap.gaps]
         lines.append(f"{config.source}: {len(timemap)} periods:")
         lines.append(timemap.describe())
         lines += [f"warning: gap from {a.isoformat()} to {b.isoformat()}: writes in it fail" for a, b in timemap.gaps]
@@ -257,45 +238,10 @@ def _cmd_check(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
-def _cluster_status(cluster: Cluster, config: RouterConfig) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    cluster.ping()
-    rtt = (time.perf_counter() - t0) * 1000
-    docs = cluster.metadata_documents()
-    meta = docs[0] if len(docs) == 1 else None
-    count = cluster.call("counting feed", lambda: cluster.feed.estimated_document_count())
-    applied = sorted(cluster.call(
-        "reading migrations", lambda: [d["_id"] for d in cluster.client[config.database][MIGRATIONS_COLLECTION].find({})]
-    ))
-    return {"rtt_ms": round(rtt, 2), "meta": meta, "metadata_documents": len(docs), "feed_documents": count, "migrations": applied}
-
-
 def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
-    standby = set(config.rollover.standby) if config.rollover else set()
-    rows: list[dict[str, Any]] = []
-    with Clusters(config) as clusters:
-        progress = _Progress(len(clusters))
-        results = clusters.each(lambda c: _cluster_status(c, config), on_done=progress.step)
-        for name, result in results.items():
-            row: dict[str, Any] = {"cluster": name, "uri": clusters[name].spec.display_uri}
-            if isinstance(result, ClusterUnavailable):
-                row.update(reachable=False, error=str(result), period=None)
-            else:
-                doc = result.pop("meta")
-                meta, problem = None, None
-                if doc is not None:
-                    try:
-                        meta = ClusterMeta.from_document(doc)
-                    except (InvalidItem, TypeError, ValueError) as exc:
-                        problem = f"cluster {name!r}: bad metadata document: {exc}"
-                elif result["metadata_documents"] > 1:
-                    problem = f"cluster {name!r}: {result['metadata_documents']} metadata documents (expected one)"
-                row["period"] = {"start_date": meta.start_date, "end_date": meta.end_date} if meta else None
-                row.update(reachable=True, standby=name in standby, retired=bool(meta and meta.retired), **result)
-                if problem is not None:
-                    row["error"] = problem
-            rows.append(row)
-        progress.close()
+    progress = _Progress(len(config.clusters))
+    rows = status_rows(config, on_done=progress.step)
+    progress.close()
     seen = _scraped(args.metrics) if args.metrics else None
     if seen is not None:
         for row in rows:

@@ -53,6 +53,7 @@ import yaml
 from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
 from .timemap import ReadWindow
+from .uris import broker_problem, masked_uri, redact_uri, uri_password, uri_problem
 
 __all__ = [
     "CeleryConfig",
@@ -101,76 +102,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-# scheme://user:password@ -- the password runs to the last "@" before the host part.
-_SECRET = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:@/\s'\"]*):[^\s'\"]*@(?=[^@\s'\"]*(?:[\s'\"]|$))")
-
-
-def uri_password(uri: str) -> str | None:
-    """The password in *uri*'s ``user:password@`` part, read by position (quotes and spaces included)."""
-    start = uri.find("://")
-    if start < 0:
-        return None
-    rest = uri[start + 3 :]
-    authority = rest.split("/", 1)[0]
-    at = authority.rfind("@")
-    userinfo = authority[:at] if at >= 0 else ""
-    return userinfo.split(":", 1)[1] if ":" in userinfo else None
-
-
-#: A host as pymongo's split_hosts returns it: a name or IPv4 address, an IPv6 address (brackets
-#: removed), or a unix socket path.
-_HOST = re.compile(r"^(?:[A-Za-z0-9_~-]+(?:\.[A-Za-z0-9_~-]+)*\.?|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9]+)?|/\S+\.sock)$")
-
-
-def uri_problem(uri: str) -> str | None:
-    """Why pymongo would refuse *uri*, or ``None``: hosts, ports, credentials and every option checked.
-
-    Uses pymongo's own URI parsing functions, without the DNS lookup a ``mongodb+srv://``
-    URI needs at connect time, plus a check that host names hold no spaces or other
-    characters no host name has. The reason never includes the password.
-    """
-    from pymongo.errors import PyMongoError
-    from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
-
-    srv = uri.startswith("mongodb+srv://")
-    rest = uri.split("://", 1)[1]
-    hosts_part, _, options = rest.partition("?")
-    hosts_part = hosts_part.split("/", 1)[0]
-    userinfo, at, hosts = hosts_part.rpartition("@")
-    password = uri_password(uri)
-    try:
-        if not hosts:
-            return "it names no host"
-        if at:
-            parse_userinfo(userinfo)
-        nodes = split_hosts(hosts, default_port=None if srv else 27017)
-        for host, _port in nodes:
-            if not _HOST.match(host):
-                return f"host {host!r} is not a host name or address"
-        if srv and (len(nodes) != 1 or nodes[0][1] is not None):
-            return "a mongodb+srv:// URI names exactly one host and no port"
-        if options:
-            split_options(options, validate=True, warn=False)
-    except (PyMongoError, ValueError, TypeError) as exc:
-        text = redact_uri(str(exc))
-        return text.replace(password, "***") if password else text
-    return None
-
-
-def redact_uri(text: str) -> str:
-    """*text* with the password of every ``scheme://user:password@host`` in it replaced by ``***``.
-
-    Works on a bare URI and on any message that contains URIs; user names and
-    hosts are kept. Used for every URI the router prints, logs or raises.
-    """
-    return _SECRET.sub(r"\1:***@", text)
-
-
-def _masked(uri: str) -> str:
-    password = uri_password(uri)
-    return redact_uri(uri.replace(f":{password}@", ":***@", 1) if password else uri)
-
-
 @attrs.frozen(kw_only=True)
 class ClusterConfig:
     """One cluster from ``clusters.yaml``: its name, URI and driver options.
@@ -179,13 +110,13 @@ class ClusterConfig:
     """
 
     name: str
-    uri: str = attrs.field(repr=lambda u: repr(_masked(u)))
+    uri: str = attrs.field(repr=lambda u: repr(masked_uri(u)))
     options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
 
     @property
     def display_uri(self) -> str:
         """The URI safe to print or log."""
-        return _masked(self.uri)
+        return masked_uri(self.uri)
 
 
 @attrs.frozen(kw_only=True)
@@ -217,7 +148,7 @@ class CeleryConfig:
     then twice as long each time (jittered). See :mod:`router.fanout.celery`.
     """
 
-    broker: str = attrs.field(repr=lambda u: repr(_masked(u)))
+    broker: str = attrs.field(repr=lambda u: repr(masked_uri(u)))
     visibility_timeout: timedelta = timedelta(hours=1)
     retries: int = 3
     retry_backoff: timedelta = timedelta(seconds=5)
@@ -225,7 +156,7 @@ class CeleryConfig:
     @property
     def display_broker(self) -> str:
         """The broker URL safe to print or log."""
-        return _masked(self.broker)
+        return masked_uri(self.broker)
 
 
 @attrs.frozen(kw_only=True)
@@ -338,7 +269,7 @@ class _Reader:
             return "a mapping"
         if isinstance(node, yaml.SequenceNode):
             return "a list"
-        return repr(_masked(node.value) if isinstance(node.value, str) else node.value)
+        return repr(masked_uri(node.value) if isinstance(node.value, str) else node.value)
 
 
 def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -479,19 +410,6 @@ def _rollover(r: _Reader, node: yaml.Node, names: set[str], check_names: bool) -
     return RolloverConfig(**kwargs)
 
 
-_BROKER = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S*$")
-
-
-def broker_problem(url: object) -> str | None:
-    """Why *url* is not a Celery broker URL, or ``None``; the reason never shows a password."""
-    if isinstance(url, str) and _BROKER.match(url):
-        return None
-    shown = url
-    if isinstance(url, str):  # not a URL, but whatever precedes an "@" may still be a password
-        shown = _masked(url) if "://" in url else ("***@" + url.rpartition("@")[2] if "@" in url else url)
-    return f"must be a broker URL like redis://host:6379/0 or amqp://user:password@host:5672// (got {shown!r})"
-
-
 def _celery(r: _Reader, node: yaml.Node) -> CeleryConfig | None:
     spec = r.mapping(node, "celery", {"broker", "visibility_timeout", "retries", "retry_backoff"})
     if spec is None:
@@ -544,12 +462,12 @@ def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
         if "uri" in spec:
             uri = r.string(spec["uri"], f"{path}.uri")
             if uri is not None and not uri.startswith(("mongodb://", "mongodb+srv://")):
-                r.problem(spec["uri"], f"{path}.uri", f"must be a mongodb:// or mongodb+srv:// URI (got {_masked(uri)!r})")
+                r.problem(spec["uri"], f"{path}.uri", f"must be a mongodb:// or mongodb+srv:// URI (got {masked_uri(uri)!r})")
                 uri = None
             elif uri is not None:
                 reason = uri_problem(uri)
                 if reason is not None:
-                    r.problem(spec["uri"], f"{path}.uri", f"not a valid MongoDB URI: {reason} (got {_masked(uri)!r})")
+                    r.problem(spec["uri"], f"{path}.uri", f"not a valid MongoDB URI: {reason} (got {masked_uri(uri)!r})")
                     uri = None
         options = _options(r, spec["options"], f"{path}.options") if "options" in spec else {}
         if name is not None:
@@ -559,7 +477,7 @@ def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
         if uri is not None:
             key = uri.rstrip("/")
             if key in uris:
-                r.problem(spec["uri"], f"{path}.uri", f"duplicate URI, already used by {uris[key]} (got {_masked(uri)!r})")
+                r.problem(spec["uri"], f"{path}.uri", f"duplicate URI, already used by {uris[key]} (got {masked_uri(uri)!r})")
             uris.setdefault(key, path)
         if name is not None and uri is not None:
             out.append(ClusterConfig(name=name, uri=uri, options=options))

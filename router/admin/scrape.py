@@ -18,8 +18,8 @@ import urllib.request
 
 import attrs
 
-from ..config import redact_uri
 from ..errors import RouterError
+from ..uris import redact_uri
 
 __all__ = ["ClusterStats", "scrape", "parse"]
 

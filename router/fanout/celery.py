@@ -65,7 +65,7 @@ from bson.raw_bson import RawBSONDocument
 from celery import Celery
 from kombu.exceptions import KombuError
 
-from ..config import RouterConfig, redact_uri
+from ..config import RouterConfig
 from ..core.calls import Active, active_filter
 from ..core.checkpoint import finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
@@ -74,6 +74,7 @@ from ..core.settings import Settings
 from ..errors import ClusterUnavailable, InvalidItem, RouterError
 from ..model import Activity
 from ..storage.clusters import Clusters
+from ..uris import redact_uri
 from .celery_plan import (
     ACTIVE_QUEUE,
     INACTIVE_QUEUE,

@@ -24,7 +24,7 @@ import pymongo
 from pymongo import AsyncMongoClient
 from pymongo.errors import ConfigurationError
 
-from ..config import ClusterConfig, RouterConfig, uri_password
+from ..config import ClusterConfig, RouterConfig
 from ..core.metadata import load_timemap
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
@@ -32,6 +32,7 @@ from ..errors import RouterError
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
+from ..uris import uri_password
 from .clusters import client_options, collection_names
 from .errors import driver_error
 from .requests import IORequest, call_for, failed, late, observed, request_op, time_left, unknown

@@ -30,7 +30,7 @@ from pymongo import MongoClient
 from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
-from ..config import ClusterConfig, RouterConfig, uri_password
+from ..config import ClusterConfig, RouterConfig
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
@@ -39,6 +39,7 @@ from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
+from ..uris import uri_password
 from .errors import driver_error
 from .requests import IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 

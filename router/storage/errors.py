@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from pymongo.errors import AutoReconnect, ConnectionFailure, InvalidOperation, OperationFailure, ServerSelectionTimeoutError
 
-from ..config import redact_uri
 from ..core.policy import TRANSIENT_WRITE_CODES
 from ..core.steps import Failure, FailureKind
 from ..errors import ClusterUnavailable
+from ..uris import redact_uri
 
 __all__ = ["STATEMENT_TOO_LARGE", "classify", "driver_error"]
 

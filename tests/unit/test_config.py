@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from router import ConfigError, load_config, parse_config
-from router.config import redact_uri
+from router.uris import redact_uri
 
 GOOD = """\
 database: feed

@@ -1,0 +1,90 @@
+"""What ``feedrouter check`` and ``feedrouter status`` report, gathered from the clusters.
+
+The data only; the CLI formats it. ``check`` asks whether the deployment is consistent
+(metadata, periods, migrations); ``status`` shows each cluster as it is now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import RouterConfig
+from ..errors import ClusterUnavailable, InvalidItem
+from ..model import ClusterMeta
+from ..storage.clusters import Cluster, Clusters
+from ..timemap import TimeMap
+from .migrate import MIGRATIONS_COLLECTION, applied_migrations, discover
+
+__all__ = ["check_report", "status_rows"]
+
+
+def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
+    """``{"ok", "problems", "clusters", "gaps"}`` for every configured cluster, and the time map if it is sound."""
+    migrations = discover()
+    problems: list[str] = []
+    with Clusters(config) as clusters:
+        metas, meta_problems, down = clusters.inspect_metadata()
+        problems += [str(e) for e in down.values()]
+        problems += meta_problems
+        reachable = [n for n in clusters.names if n not in down]
+        applied = clusters.each(lambda c: applied_migrations(c, config), reachable)
+        for name, done in applied.items():
+            if isinstance(done, ClusterUnavailable):
+                problems.append(str(done))
+                continue
+            missing = [m.id for m in migrations if m.id not in done]
+            if missing:
+                problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
+    timemap = TimeMap(metas) if not meta_problems else None
+    report: dict[str, Any] = {"ok": not problems, "problems": problems}
+    if timemap is not None:
+        report["clusters"] = [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date} for m in timemap.periods]
+        report["gaps"] = [[a, b] for a, b in timemap.gaps]
+    return report, timemap
+
+
+def _cluster_status(cluster: Cluster, config: RouterConfig) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cluster.ping()
+    rtt = (time.perf_counter() - t0) * 1000
+    docs = cluster.metadata_documents()
+    meta = docs[0] if len(docs) == 1 else None
+    count = cluster.call("counting feed", lambda: cluster.feed.estimated_document_count())
+    applied = sorted(cluster.call(
+        "reading migrations", lambda: [d["_id"] for d in cluster.client[config.database][MIGRATIONS_COLLECTION].find({})]
+    ))
+    return {"rtt_ms": round(rtt, 2), "meta": meta, "metadata_documents": len(docs), "feed_documents": count, "migrations": applied}
+
+
+def status_rows(config: RouterConfig, on_done: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per configured cluster: reachability, round trip, period, feed size, migrations, any error.
+
+    A row with an ``error`` key is a problem: the cluster is down or its metadata is
+    unusable. *on_done* is called with each cluster's name as its row completes.
+    """
+    standby = set(config.rollover.standby) if config.rollover else set()
+    rows: list[dict[str, Any]] = []
+    with Clusters(config) as clusters:
+        results = clusters.each(lambda c: _cluster_status(c, config), on_done=on_done)
+        for name, result in results.items():
+            row: dict[str, Any] = {"cluster": name, "uri": clusters[name].spec.display_uri}
+            if isinstance(result, ClusterUnavailable):
+                row.update(reachable=False, error=str(result), period=None)
+            else:
+                doc = result.pop("meta")
+                meta, problem = None, None
+                if doc is not None:
+                    try:
+                        meta = ClusterMeta.from_document(doc)
+                    except (InvalidItem, TypeError, ValueError) as exc:
+                        problem = f"cluster {name!r}: bad metadata document: {exc}"
+                elif result["metadata_documents"] > 1:
+                    problem = f"cluster {name!r}: {result['metadata_documents']} metadata documents (expected one)"
+                row["period"] = {"start_date": meta.start_date, "end_date": meta.end_date} if meta else None
+                row.update(reachable=True, standby=name in standby, retired=bool(meta and meta.retired), **result)
+                if problem is not None:
+                    row["error"] = problem
+            rows.append(row)
+    return rows
