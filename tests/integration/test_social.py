@@ -202,6 +202,49 @@ def test_update_and_delete_reach_every_copy_and_the_outbox(router: FeedRouter, r
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
 
 
+class Commands(monitoring.CommandListener):
+    """The (command, collection) pairs each cluster's client sends while on, in order, by port."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, list[tuple[str, str]]] = {}
+        self.on = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.on and event.command_name in ("find", "delete", "update", "insert", "count", "aggregate"):
+            self.sent.setdefault(event.connection_id[1], []).append((event.command_name, event.command[event.command_name]))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_small_edits_send_one_find_and_one_edit_per_cluster(
+    make_config: Callable[..., RouterConfig], open_router: Callable[..., Any], servers: LocalClusters,
+    raw_clients: Clients, db_name: str,
+) -> None:
+    """Editing a post with fewer copies than one sample: per cluster, a find and an edit of the feed (no edit
+    where the find found nothing) and one edit of the outbox; the result checked with pymongo."""
+    commands = Commands()
+    config = make_config()
+    register(config)
+    router = open_router(config, clock=lambda: NOW, event_listeners=[commands])
+    act = post(53, 1, P1 + timedelta(days=1))
+    router.publish(act, range(300))
+    port = {name: int(uri.rsplit(":", 1)[1].split("/")[0]) for name, uri in zip(NAMES, servers.uris)}
+    for edit, verb in [(lambda: router.update(act.data_key, {"post": 9}), "update"), (lambda: router.delete(act.data_key), "delete")]:
+        commands.sent.clear()
+        commands.on = True
+        assert edit() == 300
+        commands.on = False
+        for name in NAMES:
+            feed = [(verb, "feed")] if name == "cluster_2" else []
+            assert commands.sent[port[name]] == [("find", "feed"), *feed, (verb, "outbox")], name
+    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 0
+    assert outbox(raw_clients, db_name) == []
+
+
 # -- a random social graph, checked against a model ----------------------------------------
 
 USERS = list(range(1, 7))
