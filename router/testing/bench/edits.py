@@ -48,6 +48,6 @@ def bench_delete(uris: Sequence[str], reps: int, copies: int) -> Result:
     ratios = [a / b for a, b in zip(r, w)]
     note = (f"the three single-cluster deletes one after another take {statistics.median(sums):.1f} ms (median); "
             f"the router's parallel delete takes {statistics.median(r):.1f} ms, "
-            f"{statistics.median(r) / statistics.median(sums):.2f} of that, on {os.cpu_count()} cores for 3 server processes")
+            f"{statistics.median(r) / statistics.median(sums):.2f} of that, on {os.cpu_count()} cores shared with the servers")
     return Result("delete_ratio", f"delete(data_key), {copies} copies in each of 3 clusters, vs slowest single cluster",
                   "ms", r, w, ratios, "<= 1.3", statistics.median(ratios) <= 1.3, note)

@@ -45,7 +45,7 @@ def _chart(results: list[Result], path: Path) -> str:
     for i, r in enumerate(shown):
         target = float(r.target.split()[-1])
         ax.plot([target, target], [i - 0.4, i + 0.4], color="black", linestyle="--")
-        ax.text(max(med[i], target) + 0.03, i, f"{med[i]:.2f} (target {r.target})", va="center", fontsize=8)
+        ax.text(max(med[i] + hi[i], target) + 0.05, i, f"{med[i]:.2f} (target {r.target})", va="center", fontsize=8)
     ax.set_xlabel("router / raw pymongo (median, min-max whiskers; dashed = target)")
     ax.set_title("feed-router overhead vs raw pymongo, same run")
     ax.set_xlim(0, max(max(med) + max(hi), 1.3) * 1.45)
