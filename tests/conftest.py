@@ -1,4 +1,5 @@
-"""Suite-wide rule: under CI=true a skipped test fails the run, so storage tests can never be skipped silently."""
+"""Suite-wide rules: under CI=true a skipped test fails the run, so storage tests can never be skipped silently;
+the summary names the servers the storage tests ran on."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import pytest
 
 _skipped: list[str] = []
+#: What served the storage tests (set by the integration ``servers`` fixture), shown in the summary.
+SERVED_BY = pytest.StashKey[str]()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -24,3 +27,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             for nodeid in _skipped:
                 reporter.write_line(f"  {nodeid}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Say which servers the storage tests ran on, so a CI log shows the backend (and any SQLite fallback)."""
+    served_by = config.stash.get(SERVED_BY, None)
+    if served_by is not None:
+        terminalreporter.write_line(f"storage tests ran on local {served_by} servers")

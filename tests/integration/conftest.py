@@ -21,6 +21,7 @@ from router.config import RolloverConfig
 from router.storage.clusters import Cluster
 from router.testing.localservers import LocalClusters
 
+from ..conftest import SERVED_BY
 from .doors import AsyncDoor, LoopThread
 
 UTC = timezone.utc
@@ -34,9 +35,10 @@ PERIODS: tuple[tuple[datetime, datetime | None], ...] = ((P0, P1), (P1, P2), (P2
 
 
 @pytest.fixture(scope="session")
-def servers() -> Iterator[LocalClusters]:
+def servers(request: pytest.FixtureRequest) -> Iterator[LocalClusters]:
     """Three local servers for the whole session."""
     with LocalClusters(3, names=list(NAMES)) as local:
+        request.config.stash[SERVED_BY] = local.server_description
         yield local
 
 
