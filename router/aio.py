@@ -303,8 +303,8 @@ class AsyncFeedRouter:
     ) -> PublishResult:
         """Store *activity* in its author's outbox, then push it or not (see ``FeedRouter.publish``).
 
-        *followers* may be an async iterable; counted for the pull threshold only when it is
-        a plain iterable or a sequence (pass ``pull=`` otherwise).
+        *followers* may be an async iterable; with a pull threshold and no ``pull=``, at most
+        threshold + 1 of them are read to decide, as the sync door does for a stream.
         """
         with self._observe.call("publish"):
             return await self._publish(activity, followers, active=active, pull=pull, background=background,
@@ -316,7 +316,9 @@ class AsyncFeedRouter:
     ) -> PublishResult:
         slots = calls.concurrency(concurrency)
         job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
-        threshold = self.settings.pull_threshold if not isinstance(followers, AsyncIterable) else None
+        threshold = self.settings.pull_threshold
+        if pull is None and threshold is not None and isinstance(followers, AsyncIterable):
+            followers = iter(await _first(followers, threshold + 1))  # counted as the sync door counts a stream
         path, receivers, counted = choose_path(followers, pull=pull, threshold=threshold)  # type: ignore[arg-type]
         fresh = await self._run("store_outbox", lambda v: store_outbox(job, policy=v.settings.write.policy,
                                                                           timeout=v.settings.timeout))
@@ -401,3 +403,13 @@ class AsyncFeedRouter:
                             self.settings.timeout + 5)
         if self._clusters is not None:
             await self._clusters.close()
+
+
+async def _first(stream: AsyncIterable[Any], n: int) -> list[Any]:
+    """Up to *n* items of *stream* (the rest stays unread)."""
+    head: list[Any] = []
+    async for item in stream:
+        head.append(item)
+        if len(head) >= n:
+            break
+    return head

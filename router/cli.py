@@ -33,6 +33,7 @@ __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
+MIGRATIONS_HELP = "migrations folder (default: $FEEDROUTER_MIGRATIONS, else the migrations shipped with the package)"
 
 
 class _UsageError(Exception):
@@ -119,13 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser(
         "migrate",
         help="apply pending migrations to every cluster (or one)",
-        description="Apply the pending migrations in migrations/ to each cluster in order, recording "
+        description="Apply the pending migrations to each cluster in order, recording "
         "each in the cluster's migrations collection. Re-running applies nothing; a migration changed "
         "after it was applied is refused.",
     )
     migrate.add_argument("--cluster", metavar="NAME", help="only this cluster")
     migrate.add_argument("--dry-run", action="store_true", help="print the commands without sending them")
-    migrate.add_argument("--migrations", type=Path, default=None, help="migrations folder (default: the repo's migrations/)")
+    migrate.add_argument("--migrations", type=Path, default=None, help=MIGRATIONS_HELP)
 
     add = sub.add_parser(
         "add-cluster",
@@ -146,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     add.add_argument("--force", action="store_true",
                      help="allow --close-previous with a start less than refresh_interval away (no router may be running)")
-    add.add_argument("--migrations", type=Path, default=None, help="migrations folder (default: the repo's migrations/)")
+    add.add_argument("--migrations", type=Path, default=None, help=MIGRATIONS_HELP)
     rollover = sub.add_parser(
         "rollover",
         help="do the next planned rollover now (or the one at --at)",

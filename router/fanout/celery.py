@@ -73,6 +73,7 @@ from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches
 from ..core.settings import Settings
 from ..errors import ClusterUnavailable, InvalidItem, RouterError
 from ..model import Activity
+from ..observe import Metrics, Observer
 from ..storage.clusters import Clusters
 from ..uris import redact_uri
 from .celery_plan import (
@@ -141,9 +142,13 @@ class WorkerClusters:
     survive ``fork``).
     """
 
-    def __init__(self, config: RouterConfig | None) -> None:
+    def __init__(self, config: RouterConfig | None, *, observer: Observer | None = None,
+                 event_listeners: Sequence[Any] = ()) -> None:
         self.config = config
         self.settings = Settings.from_config(config) if config is not None else None
+        #: The metrics and tracing the batches report through (off unless the app was given them).
+        self.observer = observer if observer is not None else Observer()
+        self._extra = {"event_listeners": list(event_listeners)} if event_listeners else None
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._clusters: Clusters | None = None
@@ -154,7 +159,8 @@ class WorkerClusters:
             raise RouterError("this Celery app has no clusters.yaml to write batches with: make_app(..., config=...)")
         with self._lock:
             if self._clusters is None or self._pid != os.getpid():
-                self._clusters = Clusters(self.config)
+                self._clusters = Clusters(self.config, extra_options=self._extra, metrics=self.observer.metrics,
+                                          tracing=self.observer.tracing)
                 self._pid = os.getpid()
                 log.info("worker process %d: clients for clusters %s", self._pid, ", ".join(self._clusters.names))
             return self._clusters, self.settings
@@ -169,7 +175,8 @@ class WorkerClusters:
 
 def make_app(
     broker: str, *, config: RouterConfig | None = None, visibility_timeout: float = 3600.0, retries: int = 3,
-    retry_backoff: float = 5.0, name: str = "feedrouter",
+    retry_backoff: float = 5.0, name: str = "feedrouter", metrics: Metrics | None = None,
+    tracer_provider: Any = None, event_listeners: Sequence[Any] = (),
 ) -> Celery:
     """A Celery app for fan-out batches: JSON only, late acknowledgement, two queues, the batch task.
 
@@ -178,8 +185,11 @@ def make_app(
         app = make_app("redis://broker.example:6379/0")                   # to publish
         app = make_app(url, config=load_config("clusters.yaml"))          # to run workers too
 
-    *config* is what workers write batches with (a publisher needs none). The other
-    arguments are clusters.yaml's ``celery`` section (:func:`app_from_config`).
+    *config* is what workers write batches with (a publisher needs none). *metrics*,
+    *tracer_provider* and *event_listeners* work as on the doors: each batch is a
+    ``fan_out_batch`` call (span, latency, outcome) and its copies and requests are
+    counted by cluster. The other arguments are clusters.yaml's ``celery`` section
+    (:func:`app_from_config`).
     """
     if visibility_timeout <= 0 or retry_backoff < 0 or isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise InvalidItem("celery", f"needs visibility_timeout > 0, retry_backoff >= 0 and retries >= 0 (got "
@@ -198,7 +208,7 @@ def make_app(
         task_publish_retry_policy={"max_retries": 30, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
         worker_hijack_root_logger=False,
     )
-    holder = WorkerClusters(config)
+    holder = WorkerClusters(config, observer=Observer(metrics, tracer_provider), event_listeners=event_listeners)
     app.feedrouter_clusters = holder
     pause_cap = min(MAX_RETRY_PAUSE, visibility_timeout / 2)
 
@@ -207,13 +217,14 @@ def make_app(
         clusters, settings = holder.get()
         try:
             again = bool((self.request.delivery_info or {}).get("redelivered"))
-            outcome = write_batch(clusters, settings, job, number, first, receivers, skip or [], redelivered=again)
+            with holder.observer.call("fan_out_batch"):
+                outcome = write_batch(clusters, settings, job, number, first, receivers, skip or [], redelivered=again)
         except BatchNotWritten as exc:
             tries = int(self.request.retries)
             if tries >= retries:
                 log.error("%s; gave up after %d tries: publish the job again once the cluster is back", exc, tries + 1)
                 raise
-            pause = min(pause_cap, retry_backoff * 2.0**tries) * random.uniform(0.5, 1.5)
+            pause = min(pause_cap, retry_backoff * 2.0**tries * random.uniform(0.5, 1.5))
             log.warning("%s; try %d of %d in %.1f s", exc, tries + 2, retries + 1, pause)
             raise self.retry(exc=exc, countdown=pause) from exc
         return {"written": outcome.written, "already_present": outcome.already_present, "skipped": outcome.skipped,
@@ -247,8 +258,10 @@ def transport_options(broker: str, visibility_timeout: float) -> dict[str, Any]:
     return {}
 
 
-def app_from_config(config: RouterConfig, *, broker: str | None = None) -> Celery:
+def app_from_config(config: RouterConfig, *, broker: str | None = None, **observe: Any) -> Celery:
     """:func:`make_app` from clusters.yaml's ``celery`` section (*broker*, when given, wins), writing with *config*.
+
+    *observe* passes ``metrics``, ``tracer_provider`` and ``event_listeners`` on to :func:`make_app`.
 
     Raises :class:`RouterError` when neither gives a broker.
     """
@@ -257,9 +270,9 @@ def app_from_config(config: RouterConfig, *, broker: str | None = None) -> Celer
     if not url:
         raise RouterError(f"{config.source}: no Celery broker: add celery: {{broker: redis://host:6379/0}} or pass one")
     if section is None:
-        return make_app(url, config=config)
+        return make_app(url, config=config, **observe)
     return make_app(url, config=config, visibility_timeout=section.visibility_timeout.total_seconds(),
-                    retries=section.retries, retry_backoff=section.retry_backoff.total_seconds())
+                    retries=section.retries, retry_backoff=section.retry_backoff.total_seconds(), **observe)
 
 
 def write_batch(
@@ -293,7 +306,7 @@ def write_batch(
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {trouble}") from trouble
     log.info("fan-out %r: batch %d%s: %d written, %d already present, %d skipped, %d failed", fanout.job_id, number,
              " (delivered again)" if redelivered else "", outcome.written, outcome.already_present, outcome.skipped,
-             outcome.failed)
+             outcome.failed, extra={"cluster": fanout.cluster, "job_id": fanout.job_id})
     return outcome
 
 

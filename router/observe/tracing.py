@@ -1,7 +1,7 @@
 """OpenTelemetry spans for the router's calls and for each request to a cluster; nothing when not asked for.
 
-A door given ``tracer_provider=`` (or :func:`Tracing.default`, which uses the global one
-when ``opentelemetry-api`` is installed) opens a span per public call
+A door (or a Celery app, :func:`router.fanout.celery.make_app`) given ``tracer_provider=``
+(``opentelemetry.trace.get_tracer_provider()`` for the global one) opens a span per public call
 (``feedrouter.write_many``, ``feedrouter.read`` ...) and, inside it, one per request to a
 cluster (``feedrouter.find.feed`` ...) with the attribute ``feedrouter.cluster``. Spans
 are context managers on contextvars, so they nest across ``asyncio.gather`` and across the

@@ -22,13 +22,18 @@ from typing import Any
 
 import pytest
 import redis
-from pymongo import MongoClient
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from pymongo import MongoClient, monitoring
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, data_key
 from router.cli import main
 from router.core.checkpoint import open_checkpoint
-from router.fanout.celery import ACTIVE_QUEUE, INACTIVE_QUEUE, make_app, publish_fan_out, send_batch
+from router.fanout.celery import ACTIVE_QUEUE, BATCH_TASK, INACTIVE_QUEUE, make_app, publish_fan_out, send_batch
 from router.fanout.celery_plan import check_json_data, inactive_job_id, plan_parts, sendable
+from router.observe.prometheus import PrometheusMetrics
 from router.testing.bench_celery import WorkerProcess, worker_yaml
 from router.testing.localservers import LocalClusters
 from router.testing.redis import LocalRedis
@@ -372,3 +377,56 @@ def test_celery_benchmark_runs_small(servers: LocalClusters, broker_url: str, tm
     for label in ("in_process", "celery_1_worker", "celery_2_workers"):
         assert figures[label]["copies_per_second"] > 0 and figures[label]["seconds"] > 0
     assert figures["receivers"] == 5000 and figures["speedup_2_vs_1_workers"] > 0
+
+
+class _Inserts(monitoring.CommandListener):
+    """Counts the insert commands a client started."""
+
+    def __init__(self) -> None:
+        self.inserts = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.inserts += event.command_name == "insert"
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_a_worker_reports_through_metrics_traces_and_listeners(
+    publisher: tuple[RouterConfig, FeedRouter], broker_url: str, raw_clients: Clients, db_name: str,
+) -> None:
+    """The batch task run by a worker's app (here in this process, so its registry can be read): copies counted by
+    cluster and outcome, one fan_out_batch call and span per batch, the app's listeners on its clients."""
+    config, router = publisher
+    registry, spans, listener = CollectorRegistry(), InMemorySpanExporter(), _Inserts()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    app = make_app(broker_url, config=config, metrics=PrometheusMetrics(registry=registry), tracer_provider=provider,
+                   event_listeners=[listener])
+    job = router.plan_fan_out(activity(9))
+    router.clusters.run(open_checkpoint(job, timeout=5))
+    args = [job.to_json(), 0, 0, list(range(500)), []]
+    try:
+        for _ in range(2):  # the second delivery finds every copy present
+            app.tasks[BATCH_TASK].apply(args=args, throw=True)
+    finally:
+        app.feedrouter_clusters.close()
+    assert_one_copy_each(raw_clients, db_name, range(500))
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("feedrouter_fanout_copies_total", cluster=OWNER, outcome="written") == 500
+    assert value("feedrouter_fanout_copies_total", cluster=OWNER, outcome="already_present") == 500
+    assert value("feedrouter_calls_total", op="fan_out_batch", outcome="ok") == 2
+    assert value("feedrouter_requests_total", cluster=OWNER, op="insert.feed", outcome="ok") == 1
+    assert value("feedrouter_requests_total", cluster=OWNER, op="insert.feed", outcome="write_errors") == 1  # duplicates
+    batch_spans = [s for s in spans.get_finished_spans() if s.name == "feedrouter.fan_out_batch"]
+    assert len(batch_spans) == 2
+    children = [s for s in spans.get_finished_spans() if s.parent is not None and s.parent.span_id in
+                {b.context.span_id for b in batch_spans}]
+    assert children and all(s.attributes["feedrouter.cluster"] == OWNER for s in children)
+    assert listener.inserts >= 2
