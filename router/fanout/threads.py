@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -107,7 +108,7 @@ class FanOutRun(RunState):
                     self.resumed(len(chunk))
                     slots.release()
                     continue
-                pool.submit(self._send, slots, number, first, chunk, data)
+                pool.submit(contextvars.copy_context().run, self._send, slots, number, first, chunk, data)  # spans nest
         except BaseException as exc:  # the receiver stream raised, or the caller was interrupted
             self.stop(exc, raised=True)
         finally:

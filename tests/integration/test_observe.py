@@ -140,9 +140,50 @@ def test_a_span_per_call_and_per_request(make_router: Callable[..., FeedRouter],
     assert all(s.attributes["feedrouter.op"] == s.name.removeprefix("feedrouter.") for s in spans if s.parent is not None)
 
 
+def test_every_public_call_is_a_span_over_its_requests(make_config: Callable[..., RouterConfig],
+                                                       open_router: Callable[..., Any]) -> None:
+    """Every public operation is one root span, and the requests it sends are spans under it naming their cluster."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    config = make_config()
+    register(config)
+    router = open_router(config, clock=lambda: NOW, refresh=False, tracer_provider=provider)
+    post = Activity(sender_id=7, event_time=P1 + timedelta(days=3), type=1, data={"n": 1}, data_key=data_key("s", 1))
+    exporter.clear()
+    router.write(item(1, P2 + timedelta(days=1), 500))
+    router.publish(post, [1, 2], pull=False)
+    fanned = router.fan_out(post, [3, 4])
+    router.fan_out_status(fanned.job_id)
+    router.backfill(5, [7])
+    router.follow(6, 7)
+    router.unfollow(1, 7)
+    router.update(post.data_key, {"n": 2})
+    router.read(2, limit=5, pull=[7])
+    router.delete(post.data_key)
+    router.refresh()
+    spans = exporter.get_finished_spans()
+    roots = [s for s in spans if s.parent is None]
+    assert [s.name.removeprefix("feedrouter.") for s in roots] == [
+        "write", "publish", "fan_out", "fan_out_status", "backfill", "backfill", "unfollow", "update", "read", "delete",
+        "refresh"]
+    parent = {s.context.span_id: s.parent.span_id for s in spans if s.parent is not None}
+
+    def root_of(span_id: int) -> int:
+        while span_id in parent:
+            span_id = parent[span_id]
+        return span_id
+
+    for root in roots:
+        requests = [s for s in spans if s.parent is not None and root_of(s.context.span_id) == root.context.span_id
+                    and "feedrouter.cluster" in (s.attributes or {})]
+        assert requests, f"{root.name}: no request span under it"
+        assert {s.attributes["feedrouter.cluster"] for s in requests} <= {"cluster_1", "cluster_2", "cluster_3"}
+
+
 def test_log_records_carry_the_cluster(observed: tuple[FeedRouter, CollectorRegistry, LocalServer],
                                        caplog: pytest.LogCaptureFixture) -> None:
-    """A partial page's warning names its cluster on the record (extra), and no password is in it."""
+    """A partial page's warning names its cluster on the record (extra)."""
     router, _registry, server = observed
     router.write_many(ten_in_each())
     server.kill()

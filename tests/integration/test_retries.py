@@ -8,9 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pymongo import MongoClient
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
+from router.observe.prometheus import PrometheusMetrics
 from router.testing.proxy import BlipProxy
 
 from .conftest import NOW, P1, register
@@ -25,7 +27,7 @@ def proxied(
     """A router (through the test's door) whose cluster_2 is reached through a BlipProxy."""
     made: list[tuple[FeedRouter, BlipProxy]] = []
 
-    def make(**kwargs: Any) -> tuple[FeedRouter, BlipProxy]:
+    def make(*, metrics: Any = None, **kwargs: Any) -> tuple[FeedRouter, BlipProxy]:
         host, port = raw_clients["cluster_2"].address
         proxy = BlipProxy(port)
         uris = [f"mongodb://{h}:{p}" for h, p in (c.address for c in raw_clients.values())]
@@ -34,7 +36,7 @@ def proxied(
 
         config = evolve(config, **kwargs)
         register(config)
-        router = open_router(config, clock=lambda: NOW, refresh=False)
+        router = open_router(config, clock=lambda: NOW, refresh=False, metrics=metrics)
         made.append((router, proxy))
         return router, proxy
 
@@ -61,6 +63,24 @@ def test_blip_is_retried_and_logged(proxied: Callable[..., tuple[FeedRouter, Bli
     feed = raw_clients["cluster_2"][db_name].feed
     assert feed.count_documents({}) == 25
     assert len(feed.distinct("data.n")) == 25
+
+
+def test_a_retry_is_counted(proxied: Callable[..., tuple[FeedRouter, BlipProxy]]) -> None:
+    """One cut insert: one retry and one transient request in the metrics, every item counted written once."""
+    registry = CollectorRegistry()
+    router, proxy = proxied(metrics=PrometheusMetrics(registry=registry))
+    router.write_many(batch(5))
+    proxy.cut_next(b"insert", 1)
+    router.write_many(batch(20, offset=100))
+    assert proxy.cuts == 1
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("feedrouter_retries_total", cluster="cluster_2", op="insert.feed") == 1
+    assert value("feedrouter_requests_total", cluster="cluster_2", op="insert.feed", outcome="transient") == 1
+    assert value("feedrouter_items_total", cluster="cluster_2", outcome="written") == 25
+    assert value("feedrouter_calls_total", op="write_many", outcome="ok") == 2
 
 
 def test_retries_are_bounded(proxied: Callable[..., tuple[FeedRouter, BlipProxy]], raw_clients: Clients, db_name: str) -> None:

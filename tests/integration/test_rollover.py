@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pymongo import MongoClient
 
 from router import ClusterConfig, ClusterMeta, FeedItem, ReadWindow, RouterConfig, data_key
@@ -18,6 +19,7 @@ from router.admin.periods import retire
 from router.admin.rollover import RolloverScheduler, do_rollover, plan_rollover
 from router.config import RolloverConfig
 from router.errors import ClusterRetired, PeriodChangeRefused, RolloverError, StaleMetadata
+from router.observe.prometheus import PrometheusMetrics
 from router.storage.clusters import Cluster, Clusters
 from router.testing.localservers import LocalClusters
 
@@ -185,13 +187,17 @@ def test_two_schedulers_racing_make_one_period() -> None:
 
 
 def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixture) -> None:
-    """An unmigrated standby is reported at the first tick, weeks before the boundary, and the manual rollover refuses."""
+    """An unmigrated standby is reported at the first tick, weeks before the boundary, and the manual rollover refuses;
+    the scheduler's gauges show it, and show the standby ready once it is migrated."""
+    registry = CollectorRegistry()
     with LocalClusters(3) as local:
         env = Env(local, standby_migrated=False)
         early = Clock(P1 + timedelta(days=1))  # 2024-04-02: far from the window
-        scheduler = RolloverScheduler(env.config, clock=early)
+        scheduler = RolloverScheduler(env.config, clock=early, metrics=PrometheusMetrics(registry=registry))
         with caplog.at_level(logging.ERROR, logger="router.admin.rollover"):
             assert scheduler.tick() == []
+        assert registry.get_sample_value("feedrouter_standby_ready") == 0
+        assert registry.get_sample_value("feedrouter_next_boundary_timestamp_seconds") == B.timestamp()
         assert isinstance(scheduler.last_error, RolloverError)
         assert "no standby cluster is ready for the rollover at 2024-05-01T00:00:00+00:00" in str(scheduler.last_error)
         assert "standby cluster 'cluster_3' is not migrated (0001_feed_indexes, 0002_outbox_and_social pending)" in caplog.text
@@ -200,6 +206,8 @@ def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixtu
         assert env.meta()["cluster_3"] == [] and env.meta()["cluster_2"][0].get("end_date") is None
         # a standby holding data is not ready either
         migrate_cluster(Cluster(env.config.clusters[2], env.config), env.config, discover())
+        assert scheduler.tick() == [] and scheduler.last_error is None
+        assert registry.get_sample_value("feedrouter_standby_ready") == 1
         env.raw["cluster_3"].feed.feed.insert_one({"receiver_id": 1, "event_time": B})
         with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="already holds 1 feed documents"):
             plan_rollover(clusters, env.config, now=T0)
