@@ -89,11 +89,13 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="start four local clusters, write, read, delete and roll over feeds across them, stop them",
-        description="Start four local MongoDB-wire servers (mongod if on PATH, else FerretDB), add three as "
-        "consecutive periods, write fanned-out feed items (some late), page a feed newest first across the "
-        "boundaries, delete one item everywhere, let the rollover scheduler hand the next period to the fourth "
-        "(standby) cluster, check every claim with plain pymongo, and stop the servers.",
+        help="start four local clusters and Redis, write, read, delete, fan out and roll over feeds, stop them",
+        description="Start four local MongoDB-wire servers (mongod if on PATH, else FerretDB) and a Redis broker, "
+        "add three as consecutive periods, write fanned-out feed items (some late), page a feed newest first "
+        "across the boundaries, delete one item everywhere, publish a pulled celebrity post and rebuild a dormant "
+        "user's feed (asyncio door), fan one post out on a Celery worker, let the rollover scheduler hand the next "
+        "period to the fourth (standby) cluster, check every claim with plain pymongo, and stop the servers. "
+        "Needs redis-server (scripts/bootstrap installs it).",
     )
     demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
     demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,

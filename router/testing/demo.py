@@ -8,7 +8,9 @@ deletes one post from every receiver's feed by ``data_key``, lets the rollover
 scheduler hand the next period to the standby fourth cluster, checks every claim
 with plain pymongo, and stops the servers. On the way, through the asyncio door, it
 publishes a celebrity's post that followers pull at read time and rebuilds a dormant
-user's feed by backfill.
+user's feed by backfill; and it fans one post out to thousands of followers on a real
+Celery worker (``feedrouter worker``) through a local Redis, which it also starts and
+stops (so it needs ``redis-server``: scripts/bootstrap installs it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import random
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -30,11 +33,15 @@ from ..admin.rollover import RolloverScheduler, upcoming_boundary
 from ..aio import AsyncFeedRouter
 from ..config import load_config
 from ..errors import RouterError
+from ..fanout.celery import app_from_config, publish_fan_out
 from ..ids import copy_id, data_key
 from ..model import Activity, FeedItem
 from ..storage.clusters import Clusters
 from ..sync import FeedRouter
+from .bench_celery import WorkerProcess
 from .localservers import LocalClusters
+from .process import log_tail
+from .redis import LocalRedis
 
 __all__ = ["run_demo", "demo_periods"]
 
@@ -49,8 +56,11 @@ write:
   batch_size: 500
 clusters:
 {clusters}
-{rollover}"""
+{extra}"""
 ROLLOVER = "rollover: {period: monthly, lead_time: 7d, standby: [cluster_4]}\n"
+CELERY = "celery: {{broker: '{url}'}}\n"
+FOLLOWERS = 8_000
+"""How many followers the Celery step fans one post out to."""
 
 
 def _month_start(t: datetime, back: int) -> datetime:
@@ -81,24 +91,29 @@ def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, se
     now = datetime.now(UTC).replace(microsecond=0)
     periods = demo_periods(now)
     names = ["cluster_1", "cluster_2", "cluster_3"]
-    out("== starting four local clusters (cluster_4 is a standby for the rollover)")
-    with LocalClusters(4, names=[*names, "cluster_4"], backend=backend) as local, tempfile.TemporaryDirectory() as tmp:
+    out("== starting four local clusters (cluster_4 is a standby for the rollover) and a Redis broker")
+    with (
+        LocalRedis() as broker,  # first: without redis-server the demo stops here, saying how to install it
+        LocalClusters(4, names=[*names, "cluster_4"], backend=backend) as local,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for server in local.servers:
             out(f"   {server.name}: {server.uri} ({server.backend}, data in {server.data_dir})")
+        out(f"   broker: {broker.url} (redis-server, data in {broker.data_dir})")
         config_path = Path(tmp) / "clusters.yaml"
         cluster_lines = [f"  - name: {s.name}\n    uri: {s.uri}" for s in local.servers]
         raw: dict[str, MongoClient[dict[str, object]]] = {
             s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers
         }
         try:
-            return _run(out, rng, now, periods, names, config_path, cluster_lines, raw, posts)
+            return _run(out, rng, now, periods, names, config_path, cluster_lines, raw, posts, broker)
         except RouterError as exc:
             out(f"!! {type(exc).__name__}: {exc}")
             return 1
         finally:
             for c in raw.values():
                 c.close()
-            out("== stopping the local clusters")
+            out("== stopping the local clusters and the broker")
 
 
 def _run(
@@ -111,6 +126,7 @@ def _run(
     cluster_lines: list[str],
     raw: dict[str, MongoClient[dict[str, object]]],
     posts: int,
+    broker: LocalRedis,
 ) -> int:
     failures: list[str] = []
 
@@ -122,7 +138,7 @@ def _run(
     out("== adding the clusters one by one, as an operator does (edit clusters.yaml, run add-cluster)")
     migrations = discover()
     for count, (name, (start, _end)) in enumerate(zip(names, periods), start=1):
-        config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines[:count]), rollover=""))
+        config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines[:count]), extra=""))
         with Clusters(load_config(config_path)) as clusters:
             change = plan_period(clusters, name=name, start=start, close_previous=count > 1, creator="demo", now=now)
             for line in apply_period(clusters, change, migrations=migrations):
@@ -209,10 +225,11 @@ def _run(
         check(removed == copies and left == 0, f"all {copies} copies are gone from every cluster")
 
     asyncio.run(_social(out, check, config_path, raw, now))
+    fanned = _celery(out, check, now, config_path, cluster_lines, raw, broker)
     rolled = _rollover(out, check, now, periods, config_path, cluster_lines, raw, migrations)
     out("== summary")
     out(f"   {len(items)} items in {len(names)} clusters, {pages} pages read for {receiver}, {removed} copies deleted,")
-    out(f"   one rollover to cluster_4 at {rolled.isoformat()}")
+    out(f"   {fanned:,} copies written by a Celery worker, one rollover to cluster_4 at {rolled.isoformat()}")
     out("   all checks passed" if not failures else f"   {len(failures)} checks FAILED")
     return 0 if not failures else 1
 
@@ -257,6 +274,49 @@ async def _social(
         check(again.written == 0 and again.already_present == rebuilt.written, "a second backfill stores nothing twice")
 
 
+def _celery(
+    out: _Out, check: Callable[[bool, str], None], now: datetime, config_path: Path, cluster_lines: list[str],
+    raw: dict[str, MongoClient[dict[str, object]]], broker: LocalRedis,
+) -> int:
+    """Add a celery section to clusters.yaml, start one worker on it, fan a post out through Redis; return the copies."""
+    out("== fan-out on Celery: clusters.yaml gains celery: {broker}, one `feedrouter -c clusters.yaml worker` runs")
+    config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines[:3]), extra=CELERY.format(url=broker.url)))
+    worker = WorkerProcess(config_path, name="demo", log_path=config_path.with_name("worker.log")).start()
+    try:
+        t0 = time.perf_counter()
+        worker.wait_ready()
+        ready = time.perf_counter() - t0
+        post = Activity(sender_id="carol", event_time=now - timedelta(hours=1), type=1, data={"fabula_id": 5_000_000},
+                        data_key=data_key("fabula", 5_000_000))
+        followers = [f"follower-{i}" for i in range(FOLLOWERS)]
+        with FeedRouter.from_yaml(config_path) as router:
+            app = app_from_config(router.config)
+            try:
+                t0 = time.perf_counter()
+                published = publish_fan_out(router, app, post, followers)
+                deadline = time.monotonic() + 60  # stop waiting early if the broker or the worker is gone
+                while ((status := router.fan_out_status(published.job_id)).state == "running" and broker.alive
+                       and worker.process is not None and worker.process.poll() is None and time.monotonic() < deadline):
+                    time.sleep(0.05)  # progress is read from the checkpoint, as `feedrouter fanout-status` does
+                elapsed = time.perf_counter() - t0
+            finally:
+                app.close()
+    finally:
+        try:
+            worker.stop(grace=10)  # SIGTERM: a warm shutdown
+        finally:
+            worker.kill()  # no-op after a clean stop; a second Ctrl-C during the shutdown still leaves no worker
+    out(f"   worker (pid {worker.pid}) ready in {ready:.1f} s; carol's post sent as {published.tasks_sent} tasks to "
+        f"{FOLLOWERS:,} followers; fanout-status says {status.state} after {elapsed:.1f} s ({status.written:,} written)")
+    copies = Counter(d["receiver_id"] for c in raw.values()
+                     for d in c["feed_demo"]["feed"].find({"data_key": post.data_key}, {"_id": 0, "receiver_id": 1}))
+    if status.state != "done":
+        out(log_tail([worker.log_path]))
+    check(status.state == "done" and set(copies) == set(followers) and set(copies.values()) == {1},
+          f"every one of the {FOLLOWERS:,} followers has exactly one copy (counted with pymongo in every cluster)")
+    return sum(copies.values())
+
+
 def _rollover(
     out: _Out,
     check: Callable[[bool, str], None],
@@ -269,7 +329,7 @@ def _rollover(
 ) -> datetime:
     """Add the standby to clusters.yaml, let the scheduler roll over to it, write across the boundary."""
     out("== rollover: the scheduler hands the next period to the standby cluster_4")
-    config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines), rollover=ROLLOVER))
+    config_path.write_text(CONFIG_TEMPLATE.format(clusters="\n".join(cluster_lines), extra=ROLLOVER))
     config = load_config(config_path)
     assert config.rollover is not None
     lead = config.rollover.lead_time

@@ -51,14 +51,18 @@ def running_with(folder: str) -> list[int]:
 
 
 def test_demo_runs_and_leaves_no_server(servers: LocalClusters) -> None:
-    """The demo's checks all hold, it exits 0, and its servers are gone afterwards."""
+    """The demo's checks all hold (the Celery fan-out's too), it exits 0, and its servers, Redis and worker are gone afterwards."""
     result = feedrouter("demo", "--posts", "60")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "all checks passed" in result.stdout
+    assert "all checks passed" in result.stdout and "copies written by a Celery worker" in result.stdout
     assert "[FAILED]" not in result.stdout
     folders = set(re.findall(r"data in (\S+)/cluster_\d", result.stdout))
     assert len(folders) == 1
     assert running_with(folders.pop()) == []
+    broker = re.search(r"broker: \S+ \(redis-server, data in (\S+)\)", result.stdout)
+    worker = re.search(r"worker \(pid (\d+)\) ready", result.stdout)
+    assert broker is not None and worker is not None
+    assert running_with(broker[1]) == [] and not Path(f"/proc/{worker[1]}").exists()
 
 
 def test_check_prints_the_time_map(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
