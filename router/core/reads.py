@@ -15,7 +15,8 @@ pulled outbox has the same key twice and is served once. The store sorts outbox 
 by their own ``_id``, not by that key, so within the one millisecond of the cursor the
 outbox query asks for ``skip`` more entries (recorded in the cursor) and drops the ones
 already served; and when more than a whole page of pulled entries share one
-millisecond, that millisecond is fetched whole, with a second query.
+millisecond, that millisecond is fetched whole, with a second query (and, if all of it
+lies behind the cursor, the entries below it with a third).
 """
 
 from __future__ import annotations
@@ -142,36 +143,44 @@ def _with_pull(plan: ReadPlan, cluster: str, position: Position | None, need: in
     for answer in (inbox, outbox):
         if isinstance(answer, Failure):
             return answer
+    inbox_entries = [_Entry(d["event_time"], d["_id"], FeedItem.from_document(d), False) for d in inbox]
     inbox_full = len(inbox) == need
-    outbox_full = len(outbox) == need + skip
-    pulled = _pulled_entries(plan, outbox)
-    whole_group = False
-    for _attempt in range(2):
-        entries = _merge(
-            [_Entry(d["event_time"], d["_id"], FeedItem.from_document(d), False) for d in inbox], pulled, position
-        )
-        inbox_front = (inbox[-1]["event_time"], inbox[-1]["_id"].binary) if inbox_full and inbox else None
+    inbox_front = (inbox[-1]["event_time"], inbox[-1]["_id"].binary) if inbox_full and inbox else None
+    outbox_full = len(outbox) == need + skip  # the store may hold more pulled entries at or below the last one
+    whole_group = False  # True once every pulled entry of the last answer's millisecond is known
+    for _attempt in range(4):
+        pulled = _pulled_entries(plan, outbox)
+        entries = _merge(inbox_entries, pulled, position)
         outbox_floor = outbox[-1]["event_time"] if outbox_full and outbox else None
         safe = [
             e for e in entries
             if (inbox_front is None or (e.event_time, e.key.binary) >= inbox_front)
             and (outbox_floor is None or e.event_time > outbox_floor or (whole_group and e.event_time == outbox_floor))
         ]
-        more_stored = inbox_full or (outbox_full and not whole_group)
-        if safe or not more_stored or outbox_floor is None or whole_group:
+        if safe or not (inbox_full or outbox_full) or outbox_floor is None:
             break
-        # More than a page of pulled entries share the millisecond outbox_floor: fetch all of it.
-        group = yield Find(cluster, "outbox", {**senders, "event_time": outbox_floor}, plan.deadline, sort=PAGE_SORT)
-        if isinstance(group, Failure):
-            return group
-        known = {d["_id"] for d in outbox}
-        outbox = outbox + [d for d in group if d["_id"] not in known]
-        pulled = _pulled_entries(plan, outbox)
-        whole_group = True
+        if not whole_group:
+            # More than a page of pulled entries share the millisecond outbox_floor: fetch all of it.
+            group = yield Find(cluster, "outbox", {**senders, "event_time": outbox_floor}, plan.deadline, sort=PAGE_SORT)
+            if isinstance(group, Failure):
+                return group
+            known = {d["_id"] for d in outbox}
+            outbox = outbox + [d for d in group if d["_id"] not in known]
+            whole_group = True
+            continue
+        # That whole millisecond was served already (entries published there after the cursor was made, under keys
+        # it had passed, pushed the rest out of the answer): go on below it.
+        lower = yield Find(cluster, "outbox", {**senders, "event_time": {"$lt": outbox_floor}}, plan.deadline,
+                           sort=PAGE_SORT, limit=need)
+        if isinstance(lower, Failure):
+            return lower
+        outbox, outbox_full, whole_group = outbox + lower, len(lower) == need, False
+    else:  # pragma: no cover - each fetch above ends with something safe to serve or nothing left
+        raise RuntimeError(f"read of cluster {cluster!r}: no progress after fetching the outbox 4 times")
     taken = safe[:need]
     more_here = len(safe) > need or inbox_full or outbox_full
     if not taken:
-        return _Fetched([], None, False)
+        return _Fetched([], None, more_here)
     last = taken[-1]
     boundary = sum(1 for e in pulled if e.event_time == last.event_time and e.key.binary >= last.key.binary)
     return _Fetched(taken, Position(last.event_time, last.key, boundary), more_here)

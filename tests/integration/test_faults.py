@@ -13,6 +13,7 @@ import pytest
 from pymongo import MongoClient
 
 from router import (
+    Activity,
     ClusterUnavailable,
     FeedItem,
     FeedRouter,
@@ -21,6 +22,7 @@ from router import (
     RouterClosed,
     RouterConfig,
     RouterError,
+    UpdateFailed,
     WriteFailed,
     data_key,
 )
@@ -161,6 +163,50 @@ def test_hung_cluster_every_call_returns(spare_router: tuple[FeedRouter, LocalSe
     finally:
         server.resume()
     router.write(feed_items(2, 2, offset=700)[1])  # back to normal
+
+
+def test_an_update_with_a_cluster_hung_fails_then_finishes(spare_router: tuple[FeedRouter, LocalServer], raw_clients: Clients,
+                                                            db_name: str) -> None:
+    """One data_key published in all three periods, cluster_2 stopped (SIGSTOP): update raises UpdateFailed naming
+    cluster_2 and counting exactly the copies it changed in the others; after SIGCONT the same update changes the
+    rest, and every copy and every outbox entry holds the new data."""
+    router, server = spare_router
+    key = data_key("post", 1)
+    copies = {"cluster_1": 30, "cluster_2": 40, "cluster_3": 50}
+    for when, (cluster, n) in zip((P0, P1, P2), copies.items()):
+        router.publish(Activity(sender_id=9, event_time=when + timedelta(days=3), type=1, data={"v": 1}, data_key=key),
+                       range(n))
+    router.publish(Activity(sender_id=9, event_time=P1 + timedelta(days=4), type=1, data={"v": 1},
+                            data_key=data_key("post", 2)), range(5))  # another post: never changed
+    spare: MongoClient[dict[str, Any]]
+    with MongoClient(server.uri, tz_aware=True) as spare:
+        dbs = {"cluster_1": raw_clients["cluster_1"][db_name], "cluster_2": spare[db_name],
+               "cluster_3": raw_clients["cluster_3"][db_name]}
+
+        def stored(cluster: str, collection: str) -> list[Any]:
+            return [d["data"] for d in dbs[cluster][collection].find({"data_key": key})]
+
+        server.pause()
+        try:
+            with pytest.raises(UpdateFailed) as info:
+                in_thread(lambda: router.update(key, {"v": 2}))
+        finally:
+            server.resume()
+        failed = info.value
+        assert list(failed.failed) == ["cluster_2"] and failed.failed["cluster_2"].cluster == "cluster_2"
+        assert "failed: cluster_2" in str(failed) and "cluster 'cluster_2'" in str(failed.failed["cluster_2"])
+        # updated counts copies (as update's return value does), not the outbox entries edited with them
+        assert failed.updated == copies["cluster_1"] + copies["cluster_3"]
+        for cluster in ("cluster_1", "cluster_3"):
+            assert stored(cluster, "feed") == [{"v": 2}] * copies[cluster] and stored(cluster, "outbox") == [{"v": 2}]
+        assert stored("cluster_2", "feed") == [{"v": 1}] * copies["cluster_2"] and stored("cluster_2", "outbox") == [{"v": 1}]
+
+        assert router.update(key, {"v": 2}) == copies["cluster_2"]  # run again: it changes what is left
+        for cluster, n in copies.items():
+            assert stored(cluster, "feed") == [{"v": 2}] * n and stored(cluster, "outbox") == [{"v": 2}]
+        assert [d["data"] for d in dbs["cluster_2"].feed.find({"data_key": data_key("post", 2)})] == [{"v": 1}] * 5
+        assert dbs["cluster_2"].outbox.find_one({"data_key": data_key("post", 2)})["data"] == {"v": 1}  # type: ignore[index]
+        assert router.update(key, {"v": 2}) == 0
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
