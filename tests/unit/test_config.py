@@ -247,3 +247,16 @@ def test_celery_problems() -> None:
         "clusters.yaml:10:18: celery.broker: environment variable BROKER is not set (got '${BROKER}')")
     (msg,) = problems(GOOD + "celery: {broker: 'redis ://u:pw@h'}\n", env={"PW": "x"})
     assert msg.startswith("clusters.yaml:10:18: celery.broker: must be a broker URL") and "pw" not in msg, msg
+
+
+def test_social_settings() -> None:
+    """fanout.pull_threshold (absent: always push) and read.max_pull (default 1000) parse and are checked."""
+    plain = parse_config(GOOD, env={"PW": "x"})
+    assert (plain.pull_threshold, plain.max_pull) == (None, 1000)
+    cfg = parse_config(GOOD + "fanout: {pull_threshold: 5000}\nread: {max_pull: 20}\n", env={"PW": "x"})
+    assert (cfg.pull_threshold, cfg.max_pull) == (5000, 20)
+    bad = GOOD + "fanout: {pull_threshold: 0}\nread: {max_pull: many}\n"
+    messages = problems(bad, env={"PW": "x"})
+    assert len(messages) == 2
+    assert messages[0].startswith("clusters.yaml:10:") and "fanout.pull_threshold" in messages[0]
+    assert messages[1].startswith("clusters.yaml:11:") and "read.max_pull" in messages[1]
