@@ -3,6 +3,7 @@
     scripts/fanout_memory                          # 100k and 1M receivers on a local server it starts
     scripts/fanout_memory --sizes 20000 100000     # other sizes
     scripts/fanout_memory --uri mongodb://127.0.0.1:27101 --json
+    scripts/fanout_memory --celery                 # publish_fan_out to a local Redis instead
     python -m router.testing.fanout_memory ...     # the same
 
 Each size runs in a new Python process: it imports the package, connects, registers one
@@ -10,12 +11,16 @@ open-ended period in a database of its own, records its peak RSS (VmHWM in
 /proc/self/status, else ru_maxrss) as the baseline, fans one activity out to a generator
 of receivers, and records the peak again. Growth = peak after - baseline: the memory the
 fan-out itself needed. It stays flat as the receiver count grows because at most
-batch_size x concurrency copies exist at once. The database is dropped afterwards.
+batch_size x concurrency copies exist at once. The database is dropped afterwards. With
+``--celery`` each row measures the publisher of a Celery fan-out instead
+(:func:`~router.fanout.celery.publish_fan_out` to a local Redis it starts; no worker runs,
+so "written" is the receivers sent in tasks).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -38,8 +43,8 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
-def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int) -> dict[str, Any]:
-    """One fan-out to *receivers* ids from a generator; runs in a fresh process."""
+def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, broker: str | None = None) -> dict[str, Any]:
+    """One fan-out to *receivers* ids from a generator (published to *broker* when given); runs in a fresh process."""
     from datetime import datetime, timezone
 
     from router import Activity, ClusterConfig, ClusterMeta, FeedRouter, RouterConfig, data_key
@@ -67,9 +72,22 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int) -> d
                 data_key=data_key("fabula", 1000983),
             )
             router.clusters["memory"].ping()
-            baseline = peak_rss_bytes()
-            began = time.perf_counter()
-            result = router.fan_out(activity, (10_000_000 + i for i in range(receivers)), concurrency=concurrency)
+            stream = (10_000_000 + i for i in range(receivers))
+            if broker is None:
+                baseline = peak_rss_bytes()
+                began = time.perf_counter()
+                written = router.fan_out(activity, stream, concurrency=concurrency).written
+            else:
+                from router.fanout.celery import make_app, publish_fan_out
+
+                app = make_app(broker)
+                try:
+                    app.connection_for_write().ensure_connection(max_retries=3)  # imports and connects before the baseline
+                    baseline = peak_rss_bytes()
+                    began = time.perf_counter()
+                    written = publish_fan_out(router, app, activity, stream).receivers
+                finally:
+                    app.close()
             seconds = time.perf_counter() - began
             peak = peak_rss_bytes()
     finally:
@@ -77,7 +95,7 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int) -> d
         cluster.close()
     return {
         "receivers": receivers,
-        "written": result.written,
+        "written": written,
         "batch_size": batch_size,
         "concurrency": concurrency,
         "seconds": round(seconds, 2),
@@ -92,6 +110,7 @@ def run_child(uri: str, receivers: int, args: argparse.Namespace) -> dict[str, A
     command = [
         sys.executable, "-m", "router.testing.fanout_memory", "--child", str(receivers), "--uri", uri,
         "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency),
+        *(["--broker", args.broker] if args.broker else []),
     ]
     out = subprocess.run(command, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -118,26 +137,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--celery", action="store_true", help="measure publish_fan_out to a local Redis it starts")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--broker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child is not None:
-        print(json.dumps(measure(args.uri, args.child, batch_size=args.batch_size, concurrency=args.concurrency)))
+        row = measure(args.uri, args.child, batch_size=args.batch_size, concurrency=args.concurrency, broker=args.broker)
+        print(json.dumps(row))
         return 0
 
-    if args.uri:
-        rows = [run_child(args.uri, n, args) for n in args.sizes]
-        backend = "given server"
-    else:
-        from .localservers import LocalClusters
+    with contextlib.ExitStack() as stack:
+        if args.celery:
+            from .redis import LocalRedis
 
-        with LocalClusters(1, names=["memory"]) as local:
+            args.broker = stack.enter_context(LocalRedis()).url
+        if args.uri:
+            rows = [run_child(args.uri, n, args) for n in args.sizes]
+            backend = "given server"
+        else:
+            from .localservers import LocalClusters
+
+            local = stack.enter_context(LocalClusters(1, names=["memory"]))
             rows = [run_child(local.uris[0], n, args) for n in args.sizes]
             backend = local.backend
     if args.json:
         print(json.dumps(rows))
     else:
-        print(f"fan-out of one activity to a generator of receivers ({backend}; batch_size={args.batch_size}, "
+        what = "publish_fan_out (Celery, local Redis, no worker)" if args.celery else "fan-out"
+        print(f"{what} of one activity to a generator of receivers ({backend}; batch_size={args.batch_size}, "
               f"concurrency={args.concurrency}; one fresh process per row)")
         print(table(rows))
     return 0

@@ -379,6 +379,16 @@ def test_celery_benchmark_runs_small(servers: LocalClusters, broker_url: str, tm
     assert figures["receivers"] == 5000 and figures["speedup_2_vs_1_workers"] > 0
 
 
+def test_publisher_memory_measure_runs_small(servers: LocalClusters, capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/fanout_memory --celery publishes every receiver in fresh processes and reports its peak memory."""
+    from router.testing.fanout_memory import main as fanout_memory
+
+    assert fanout_memory(["--celery", "--uri", servers.uris[0], "--sizes", "2000", "5000", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["receivers"], r["written"]) for r in rows] == [(2000, 2000), (5000, 5000)]
+    assert all(r["peak_growth_mb"] >= 0 for r in rows)
+
+
 class _Inserts(monitoring.CommandListener):
     """Counts the insert commands a client started."""
 
