@@ -230,7 +230,7 @@ def make_app(
         return {"written": outcome.written, "already_present": outcome.already_present, "skipped": outcome.skipped,
                 "failed": outcome.failed}
 
-    app.task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+    app.task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, shared=False,
              max_retries=retries)(fan_out_batch)
     return app
 
