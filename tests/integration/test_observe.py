@@ -114,15 +114,20 @@ def test_stale_refusals_are_counted(make_config: Callable[..., RouterConfig], op
     assert registry.get_sample_value("feedrouter_calls_total", {"op": "refresh", "outcome": "ok"}) is None  # in-call refresh
 
 
-def test_a_span_per_call_and_per_request(make_router: Callable[..., FeedRouter], make_config: Callable[..., RouterConfig],
-                                         open_router: Callable[..., Any]) -> None:
-    """Each public call is a span; each request it sends is a child span carrying its cluster."""
+@pytest.fixture
+def traced(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any]) -> tuple[FeedRouter, InMemorySpanExporter]:
+    """A router (through the test's door) whose spans go to an in-memory exporter."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     config = make_config()
     register(config)
-    router = open_router(config, clock=lambda: NOW, refresh=False, tracer_provider=provider)
+    return open_router(config, clock=lambda: NOW, refresh=False, tracer_provider=provider), exporter
+
+
+def test_a_span_per_call_and_per_request(traced: tuple[FeedRouter, InMemorySpanExporter]) -> None:
+    """Each public call is a span; each request it sends is a child span carrying its cluster."""
+    router, exporter = traced
     exporter.clear()
     router.write_many(ten_in_each())
     router.read(1, limit=5)
@@ -140,15 +145,9 @@ def test_a_span_per_call_and_per_request(make_router: Callable[..., FeedRouter],
     assert all(s.attributes["feedrouter.op"] == s.name.removeprefix("feedrouter.") for s in spans if s.parent is not None)
 
 
-def test_every_public_call_is_a_span_over_its_requests(make_config: Callable[..., RouterConfig],
-                                                       open_router: Callable[..., Any]) -> None:
+def test_every_public_call_is_a_span_over_its_requests(traced: tuple[FeedRouter, InMemorySpanExporter]) -> None:
     """Every public operation is one root span, and the requests it sends are spans under it naming their cluster."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    config = make_config()
-    register(config)
-    router = open_router(config, clock=lambda: NOW, refresh=False, tracer_provider=provider)
+    router, exporter = traced
     post = Activity(sender_id=7, event_time=P1 + timedelta(days=3), type=1, data={"n": 1}, data_key=data_key("s", 1))
     exporter.clear()
     router.write(item(1, P2 + timedelta(days=1), 500))
