@@ -171,10 +171,7 @@ def copy_id(seconds: int, data_key: str, receiver_id: int | str) -> ObjectId:
     Raises :class:`InvalidItem` for a second outside an ObjectId's range, an empty or
     non-str *data_key*, or a receiver that is not a 64-bit int or a non-empty str.
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds < 2**32:
-        raise InvalidItem("seconds", f"must be an int in [0, 2**32), an ObjectId timestamp (got {seconds!r})")
-    if not isinstance(data_key, str) or not 0 < len(data_key) <= MAX_ID_CHARS:
-        raise InvalidItem("data_key", f"{TEXT_RULE} (got {data_key!r:.80})")
+    _check_stamp(seconds, data_key)
     if isinstance(receiver_id, str):
         ok = 0 < len(receiver_id) <= MAX_ID_CHARS
     else:
@@ -186,6 +183,14 @@ def copy_id(seconds: int, data_key: str, receiver_id: int | str) -> ObjectId:
     except UnicodeEncodeError as exc:
         raise InvalidItem("receiver_id", f"must be valid Unicode text ({exc.reason})") from None
     return _wrap(seconds.to_bytes(4, "big") + mmh3.hash_bytes(key)[:8])
+
+
+def _check_stamp(seconds: object, data_key: object) -> None:
+    """The checks :func:`copy_id` and :func:`outbox_id` share: an ObjectId second and a data_key."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds < 2**32:
+        raise InvalidItem("seconds", f"must be an int in [0, 2**32), an ObjectId timestamp (got {seconds!r})")
+    if not isinstance(data_key, str) or not 0 < len(data_key) <= MAX_ID_CHARS:
+        raise InvalidItem("data_key", f"{TEXT_RULE} (got {data_key!r:.80})")
 
 
 def copy_ids(seconds: int, data_key: str, receivers: Sequence[int | str]) -> list[ObjectId]:
@@ -226,10 +231,7 @@ def outbox_id(seconds: int, data_key: str) -> ObjectId:
         >>> outbox_id(1462096800, "k") == outbox_id(1462096800, "k")
         True
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds < 2**32:
-        raise InvalidItem("seconds", f"must be an int in [0, 2**32), an ObjectId timestamp (got {seconds!r})")
-    if not isinstance(data_key, str) or not 0 < len(data_key) <= MAX_ID_CHARS:
-        raise InvalidItem("data_key", f"{TEXT_RULE} (got {data_key!r:.80})")
+    _check_stamp(seconds, data_key)
     key = f"{len(data_key)}:{data_key}o".encode("utf-8", "surrogatepass")
     return _wrap(seconds.to_bytes(4, "big") + mmh3.hash_bytes(key)[:8])
 

@@ -217,6 +217,8 @@ def receiver_problem(value: object) -> str | None:
     if type(value) is int:
         return None if _MIN64 <= value < _MAX64 else f"{ID_RULE} (got {value!r:.80})"
     if type(value) is str and 0 < len(value) <= MAX_ID_CHARS:
+        if value.isascii():  # the usual case: no encoding needed (as in is_text)
+            return None
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -134,7 +134,7 @@ def plan_job(
         job_id = f"{activity.data_key}:{millis(activity.event_time)}"
     elif not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
         raise InvalidItem("job_id", f"must be a non-empty str of at most 1024 characters (got {job_id!r:.80})")
-    located, _routing = yield from routed(
+    located = yield from routed(
         lambda r: r.locate(ts), routing, where=lambda _past: (activity.event_time, "event_time")
     )
     event_time = to_utc(activity.event_time)

@@ -1,7 +1,8 @@
 """The retry policy and the deadlines: what is tried again, how often, how long anything may wait.
 
 One home for these rules; every writer (``write_many``, fan-out batches, backfill,
-edits) and both front doors follow them.
+edits) and both front doors follow the deadlines, and every insert follows the retries
+(edits are not retried within a call: a failed step ends it, and calling again resumes).
 
 * **Deadlines.** A public call gets ``timeout`` seconds (clusters.yaml ``timeout``,
   default 10 s) from when it starts: every request it sends is bounded by what is

@@ -84,14 +84,7 @@ class _Fetched:
 
 
 def _older(position: Position | None) -> dict[str, Any]:
-    if position is None:
-        return {}
-    return {
-        "$or": [
-            {"event_time": {"$lt": position.event_time}},
-            {"event_time": position.event_time, "_id": {"$lt": position.id}},
-        ]
-    }
+    return position.older_filter() if position is not None else {}
 
 
 def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:

@@ -45,8 +45,7 @@ class PastHorizon(Exception):
     ``index`` is the item's position in the call (``None`` for a single item or activity).
     """
 
-    def __init__(self, ts: float, index: int | None = None) -> None:
-        self.ts = ts
+    def __init__(self, index: int | None = None) -> None:
         self.index = index
 
 
@@ -78,12 +77,12 @@ class Routing:
         horizon = self.horizon
         if found is None or found[0] in timemap.retired:
             if found is None and ts >= horizon:
-                raise PastHorizon(ts, index)
+                raise PastHorizon(index)
             raise timemap.no_cluster(datetime.fromtimestamp(ts, UTC), index=index)
         name, start, end = found
         if end == float("inf"):
             if ts >= horizon:
-                raise PastHorizon(ts, index)
+                raise PastHorizon(index)
             end = horizon
         return name, start, end
 
@@ -105,14 +104,13 @@ class Routing:
 
 def routed(
     choose: Callable[[Routing], T], routing: Routing, *, where: Callable[[PastHorizon], tuple[datetime, str]]
-) -> Program[tuple[T, Routing]]:
+) -> Program[T]:
     """``choose(routing)``; past the horizon, refresh once and choose again, else :class:`StaleMetadata`.
 
-    Returns the choice and the routing it was made with. *where* names the time and the
-    field that went past the horizon, for the messages.
+    *where* names the time and the field that went past the horizon, for the messages.
     """
     try:
-        return choose(routing), routing
+        return choose(routing)
     except PastHorizon as past:
         event_time, field = where(past)
     log.info("%s %s is past the time map's horizon; refreshing before writing", field, event_time.isoformat())
@@ -121,7 +119,7 @@ def routed(
         yield Report(Event("stale_refusal"))
         raise routing.stale(event_time, field=field, cause=answer) from answer
     try:
-        return choose(answer), answer
+        return choose(answer)
     except PastHorizon:
         pass
     yield Report(Event("stale_refusal"))

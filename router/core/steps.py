@@ -27,13 +27,12 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 import attrs
 
-from ..errors import ClusterUnavailable, RouterError
+from ..errors import ClusterUnavailable
 from ..observe import Event
 
 __all__ = [
     "Collection",
     "Concurrently",
-    "Count",
     "Delete",
     "Failure",
     "FailureKind",
@@ -91,16 +90,6 @@ class Find:
     sort: Sequence[tuple[str, int]] | None = None
     limit: int = 0
     projection: Mapping[str, Any] | None = None
-
-
-@attrs.frozen(slots=True)
-class Count:
-    """``count_documents``; answered with the count, or a :class:`Failure`."""
-
-    cluster: str
-    collection: Collection
-    filter: Mapping[str, Any]
-    deadline: float
 
 
 @attrs.frozen(slots=True)
@@ -199,23 +188,7 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Insert | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = Find | Insert | Delete | Update | Sleep | Concurrently | Refresh | Report
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 
-
-def unwrap(answer: T | Failure) -> T:
-    """*answer*, or raise the failure's :class:`ClusterUnavailable` (for steps that cannot go on without it)."""
-    if isinstance(answer, Failure):
-        raise answer.error
-    return answer
-
-
-def refreshed(answer: object) -> Any:
-    """The routing a :class:`Refresh` returned, or raise the :class:`RouterError` that stopped it."""
-    if isinstance(answer, RouterError):
-        raise answer
-    return answer
-
-
-__all__ += ["unwrap", "refreshed"]

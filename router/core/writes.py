@@ -302,7 +302,7 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
     def where(past: PastHorizon) -> tuple[datetime, str]:
         return items[past.index or 0].event_time, f"items[{past.index}].event_time" if indexed else "event_time"
 
-    prepared, _routing = yield from routed(lambda r: prepare(items, r, indexed=indexed), routing, where=where)
+    prepared = yield from routed(lambda r: prepare(items, r, indexed=indexed), routing, where=where)
     deadline = deadline_in(settings.timeout)  # after any refresh, which has a deadline of its own
     ids = prepared.ids
     if not prepared.batches:

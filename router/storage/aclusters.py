@@ -27,7 +27,7 @@ from pymongo.errors import ConfigurationError
 from ..config import ClusterConfig, RouterConfig
 from ..core.metadata import load_timemap
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
+from ..core.steps import Concurrently, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
 from ..errors import RouterError
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
@@ -121,7 +121,7 @@ class AsyncClusters:
         self.metrics.record(event)
 
     async def _answer(self, request: Request) -> Any:
-        if isinstance(request, (Find, Count, Insert, Delete, Update)):
+        if isinstance(request, (Find, Insert, Delete, Update)):
             cluster = self._by_name.get(request.cluster)
             if cluster is None:
                 return unknown(request)

@@ -33,7 +33,7 @@ from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 from ..config import ClusterConfig, RouterConfig
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Count, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
+from ..core.steps import Concurrently, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
 from ..errors import ClusterUnavailable, InvalidItem, RouterError
 from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
@@ -247,7 +247,7 @@ class Clusters:
         self.metrics.record(event)
 
     def _answer(self, request: Request) -> Any:
-        if isinstance(request, (Find, Count, Insert, Delete, Update)):
+        if isinstance(request, (Find, Insert, Delete, Update)):
             cluster = self._by_name.get(request.cluster)
             if cluster is None:
                 return unknown(request)

@@ -14,7 +14,6 @@ from bson.errors import BSONError
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..core.steps import (
-    Count,
     Delete,
     Failure,
     Find,
@@ -30,7 +29,7 @@ from .errors import classify
 
 __all__ = ["IORequest", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
 
-IORequest = Find | Count | Insert | Delete | Update
+IORequest = Find | Insert | Delete | Update
 #: A request ready to send: the zero-argument call (returning a value, or an awaitable of it
 #: for the async client) and what turns its result into the core's answer.
 Call = tuple[Callable[[], Any], Callable[[Any], Any]]
@@ -48,8 +47,6 @@ def call_for(request: IORequest, coll: Any) -> Call:
         return (lambda: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())
     if isinstance(request, Delete):
         return (lambda: coll.delete_many(request.filter)), (lambda raw: int(raw.deleted_count))
-    if isinstance(request, Count):
-        return (lambda: coll.count_documents(request.filter)), (lambda raw: int(raw))
     update = coll.update_one if request.one else coll.update_many
     return (
         (lambda: update(request.filter, request.update, upsert=request.upsert)),
@@ -63,7 +60,7 @@ _WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": 
 
 def describe(request: IORequest) -> str:
     """What *request* was doing, for error messages: ``reading metadata``, ``writing feed`` ..."""
-    verb = {Find: "reading", Count: "counting", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
+    verb = {Find: "reading", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
     return f"{verb} {_WHAT.get(request.collection, request.collection)}"
 
 
