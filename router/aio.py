@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -28,12 +28,12 @@ from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
 from .core.fanout import FanOutJob
-from .core.routing import PastHorizon, Routing
+from .core.routing import Routing
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
 from .core.steps import Program
 from .core.tally import FanOutResult
-from .core.writes import Prepared, prepare
+from .core.writes import Prepared, prepare_or_stale
 from .errors import RouterClosed, RouterError, WriteFailed
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .model import Activity, FeedItem, Page, utcnow
@@ -44,7 +44,6 @@ from .timemap import TimeMap
 __all__ = ["AsyncFeedRouter"]
 
 log = logging.getLogger(__name__)
-UTC = timezone.utc
 T = TypeVar("T")
 
 
@@ -252,12 +251,7 @@ class AsyncFeedRouter:
 
     def prepare(self, items: Sequence[FeedItem]) -> Prepared:
         """The write path without I/O (see ``FeedRouter.prepare``); not a coroutine."""
-        routing = self._started("prepare")[1]
-        try:
-            return prepare(items, routing)
-        except PastHorizon as past:
-            index = past.index or 0
-            raise routing.stale(items[index].event_time, field=f"items[{index}].event_time") from None
+        return prepare_or_stale(items, self._started("prepare")[1])
 
     # -- reads -------------------------------------------------------------------------
 
@@ -323,13 +317,9 @@ class AsyncFeedRouter:
         fresh = await self._run("store_outbox", lambda v: store_outbox(job, policy=v.settings.write.policy,
                                                                           timeout=v.settings.timeout))
         if path == "pull":
-            return PublishResult(job_id=job.job_id, cluster=job.cluster, path="pull", outbox_new=fresh, followers=counted)
+            return PublishResult.of(job, "pull", outbox_new=fresh, followers=counted)
         pushed = await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
-        if isinstance(pushed, AsyncFanOutHandle):
-            return PublishResult(job_id=job.job_id, cluster=job.cluster, path="push", outbox_new=fresh,
-                                 followers=counted, handle=pushed)
-        return PublishResult(job_id=job.job_id, cluster=job.cluster, path="push", outbox_new=fresh, followers=counted,
-                             fan_out=pushed)
+        return PublishResult.of(job, "push", outbox_new=fresh, followers=counted, pushed=pushed)
 
     # -- fan-out -------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -26,12 +26,12 @@ from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
 from .core.fanout import FanOutJob
-from .core.routing import PastHorizon, Routing
+from .core.routing import Routing
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
 from .core.steps import Program
 from .core.tally import FanOutResult
-from .core.writes import Prepared, prepare
+from .core.writes import Prepared, prepare_or_stale
 from .errors import RouterClosed, RouterError, WriteFailed
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
 from .model import Activity, FeedItem, Page, utcnow
@@ -42,7 +42,6 @@ from .timemap import TimeMap
 __all__ = ["FeedRouter"]
 
 log = logging.getLogger(__name__)
-UTC = timezone.utc
 T = TypeVar("T")
 
 
@@ -242,12 +241,7 @@ class FeedRouter:
         Raises what :meth:`write_many` raises for bad input, and :class:`StaleMetadata` for
         an item past the map's horizon (:meth:`write_many` would refresh once first).
         """
-        routing = self._routing
-        try:
-            return prepare(items, routing)
-        except PastHorizon as past:
-            index = past.index or 0
-            raise routing.stale(items[index].event_time, field=f"items[{index}].event_time") from None
+        return prepare_or_stale(items, self._routing)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -346,13 +340,9 @@ class FeedRouter:
         path, receivers, counted = choose_path(followers, pull=pull, threshold=self.settings.pull_threshold)
         fresh = self._run("store_outbox", store_outbox(job, policy=self.settings.write.policy, timeout=self.settings.timeout))
         if path == "pull":
-            return PublishResult(job_id=job.job_id, cluster=job.cluster, path="pull", outbox_new=fresh, followers=counted)
+            return PublishResult.of(job, "pull", outbox_new=fresh, followers=counted)
         pushed = self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
-        if isinstance(pushed, FanOutHandle):
-            return PublishResult(job_id=job.job_id, cluster=job.cluster, path="push", outbox_new=fresh,
-                                 followers=counted, handle=pushed)
-        return PublishResult(job_id=job.job_id, cluster=job.cluster, path="push", outbox_new=fresh, followers=counted,
-                             fan_out=pushed)
+        return PublishResult.of(job, "push", outbox_new=fresh, followers=counted, pushed=pushed)
 
     # -- fan-out -------------------------------------------------------------------------
 

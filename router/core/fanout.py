@@ -26,6 +26,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
+import bson
+from bson.raw_bson import RawBSONDocument
 
 from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
@@ -48,6 +50,7 @@ __all__ = [
     "MAX_FAILED_RECEIVERS",
     "batch_program",
     "batches",
+    "receiver_stream",
     "plan_job",
     "positive_int",
 ]
@@ -92,6 +95,10 @@ class FanOutJob:
     def seconds(self) -> int:
         """The event second every copy's ``_id`` carries."""
         return int(self.activity.event_time.timestamp())
+
+    def encoded_data(self) -> RawBSONDocument:
+        """The activity's ``data`` encoded once, for every copy of every batch to share."""
+        return RawBSONDocument(bson.encode(self.activity.data))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe description (``data`` must be JSON-safe too, as it is for Celery's JSON serializer)."""
@@ -139,6 +146,14 @@ def plan_job(
     )
     event_time = to_utc(activity.event_time)
     return FanOutJob(job_id=job_id, cluster=located[0], activity=attrs.evolve(activity, event_time=event_time), batch_size=size)
+
+
+def receiver_stream(receivers: object) -> Iterator[Any]:
+    """``iter(receivers)``, or :class:`InvalidItem` when *receivers* is not iterable."""
+    try:
+        return iter(receivers)  # type: ignore[call-overload, no-any-return]
+    except TypeError:
+        raise InvalidItem("receivers", f"must be an iterable of receiver ids (got {type(receivers).__name__})") from None
 
 
 def batches(receivers: Iterable[Any], size: int) -> Iterator[tuple[int, int, list[Any]]]:

@@ -92,6 +92,15 @@ class PublishResult:
     fan_out: FanOutResult | None = None
     handle: Any = None
 
+    @classmethod
+    def of(cls, job: FanOutJob, path: Literal["push", "pull"], *, outbox_new: bool, followers: int | None,
+           pushed: Any = None) -> PublishResult:
+        """The result for *job*: *pushed* is the fan-out's result, or its handle in background mode."""
+        fan_out = pushed if isinstance(pushed, FanOutResult) else None
+        handle = pushed if pushed is not None and fan_out is None else None
+        return cls(job_id=job.job_id, cluster=job.cluster, path=path, outbox_new=outbox_new, followers=followers,
+                   fan_out=fan_out, handle=handle)
+
 
 @attrs.frozen
 class BackfillResult:

@@ -38,7 +38,7 @@ from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
 
-__all__ = ["InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "write_program"]
+__all__ = ["InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_or_stale", "write_program"]
 
 log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -294,6 +294,15 @@ def _cluster_program(
             failed.update((i, result.stopped.error) for i in indexes[start + size :])
             break
     return failed, renamed
+
+
+def prepare_or_stale(items: Sequence[FeedItem], routing: Routing) -> Prepared:
+    """:func:`prepare` without I/O: an item past the map's horizon is :class:`StaleMetadata` (no refresh is tried)."""
+    try:
+        return prepare(items, routing)
+    except PastHorizon as past:
+        index = past.index or 0
+        raise routing.stale(items[index].event_time, field=f"items[{index}].event_time") from None
 
 
 def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSettings, *, indexed: bool) -> Program[list[ObjectId]]:

@@ -60,8 +60,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import bson
-from bson.raw_bson import RawBSONDocument
 from celery import Celery
 from kombu.exceptions import KombuError
 
@@ -69,7 +67,7 @@ from ..config import RouterConfig
 from ..core.calls import Active, active_filter
 from ..core.checkpoint import finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
-from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches
+from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
 from ..core.settings import Settings
 from ..errors import ClusterUnavailable, InvalidItem, RouterError
 from ..model import Activity
@@ -295,7 +293,7 @@ def write_batch(
         left_out = {receivers[i] for i in skip if type(i) is int and 0 <= i < len(receivers)
                     and receiver_problem(receivers[i]) is None}
         active = lambda receiver: receiver not in left_out  # noqa: E731
-    data = RawBSONDocument(bson.encode(fanout.activity.data))
+    data = fanout.encoded_data()
     outcome = clusters.run(batch_program(
         fanout, number, first, receivers, policy=settings.write.policy, timeout=settings.timeout, active=active, data=data,
     ))
@@ -359,10 +357,7 @@ def publish_fan_out(
     job = router.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
     check_json_data(job.activity.data)
     predicate = active_filter(active)
-    try:
-        stream = iter(receivers)
-    except TypeError:
-        raise InvalidItem("receivers", f"must be an iterable of receiver ids (got {type(receivers).__name__})") from None
+    stream = receiver_stream(receivers)
     side = attrs.evolve(job, job_id=inactive_job_id(job.job_id)) if include_inactive and predicate is not None else None
     jobs = [job] if side is None else [job, side]
     timeout = router.settings.timeout

@@ -21,14 +21,11 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
-import bson
-from bson.raw_bson import RawBSONDocument
-
 from ..core.checkpoint import open_checkpoint
-from ..core.fanout import FanOutJob, batch_program
+from ..core.fanout import FanOutJob, batch_program, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
-from ..errors import InvalidItem, RouterError
+from ..errors import RouterError
 from ..observe import Event
 from ..storage.aclusters import AsyncClusters
 from .handle import HandleView
@@ -58,10 +55,7 @@ async def abatches(receivers: Receivers, size: int) -> AsyncIterator[tuple[int, 
             return chunk
 
     else:
-        try:
-            plain = iter(receivers)
-        except TypeError:
-            raise InvalidItem("receivers", f"must be an iterable of receiver ids (got {type(receivers).__name__})") from None
+        plain = receiver_stream(receivers)
 
         async def take() -> list[Any]:
             return await asyncio.to_thread(lambda: list(itertools.islice(plain, size)))
@@ -112,7 +106,7 @@ class AsyncFanOutRun(RunState):
 
     async def _run_batches(self, planned: AsyncIterator[tuple[int, int, list[Any]]], done: set[int]) -> FanOutResult:
         job = self.job
-        data = RawBSONDocument(bson.encode(job.activity.data))  # encoded once, shared by every copy
+        data = job.encoded_data()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()
         read_all = False
@@ -204,9 +198,7 @@ class AsyncFanOutExecutor:
     """Background fan-outs on asyncio (``AsyncFeedRouter.fanouts``): at most ``workers`` jobs run at once."""
 
     def __init__(self, *, workers: int = 2) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise InvalidItem("workers", f"must be an int of at least 1 (got {workers!r})")
-        self.workers = workers
+        self.workers = positive_int("workers", workers)
         self._slots = asyncio.Semaphore(workers)
         self._handles: set[AsyncFanOutHandle] = set()
         self._closed = False

@@ -23,14 +23,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import bson
-from bson.raw_bson import RawBSONDocument
-
 from ..core.checkpoint import open_checkpoint
-from ..core.fanout import FanOutJob, batch_program, batches
+from ..core.fanout import FanOutJob, batch_program, batches, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
-from ..errors import InvalidItem, RouterError
+from ..errors import RouterError
 from ..observe import Event
 from ..storage.clusters import Clusters
 from .handle import HandleView
@@ -59,10 +56,7 @@ class FanOutRun(RunState):
         job = self.job
         if self.cancelled:  # cancelled while queued: nothing read, nothing touched
             return self.clusters.run(self.finish(read_all=False, opened=False, total=0, timeout=self.timeout))
-        try:
-            stream = iter(receivers)
-        except TypeError:
-            raise InvalidItem("receivers", f"must be an iterable of receiver ids (got {type(receivers).__name__})") from None
+        stream = receiver_stream(receivers)
         try:
             done = self.clusters.run(open_checkpoint(job, timeout=self.timeout))
         except BaseException as exc:
@@ -79,7 +73,7 @@ class FanOutRun(RunState):
 
     def _run_batches(self, stream: Iterator[Any], done: set[int]) -> FanOutResult:
         job = self.job
-        data = RawBSONDocument(bson.encode(job.activity.data))  # encoded once, shared by every copy
+        data = job.encoded_data()
         slots = threading.BoundedSemaphore(self.concurrency)
         pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="feed-router-fanout-batch")
         read_all = False
@@ -184,9 +178,7 @@ class FanOutExecutor:
     """
 
     def __init__(self, *, workers: int = 2) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise InvalidItem("workers", f"must be an int of at least 1 (got {workers!r})")
-        self.workers = workers
+        self.workers = positive_int("workers", workers)
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="feed-router-fanout")
         self._lock = threading.Lock()
         self._handles: set[FanOutHandle] = set()

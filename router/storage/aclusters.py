@@ -2,12 +2,12 @@
 
 The twin of :mod:`router.storage.clusters` for asyncio: the same requests, mapped to the
 same pymongo calls (:mod:`router.storage.requests`), awaited instead of called; at-once
-sub-programs run as ``asyncio.gather``. Clients are made inside the running event loop,
-by :meth:`AsyncClusters.open`.
+sub-programs run as ``asyncio.gather``. Make one inside the running event loop (its
+clients belong to that loop).
 
 Example::
 
-    clusters = await AsyncClusters.open(config)
+    clusters = AsyncClusters(config)
     timemap = await clusters.load_timemap()
     await clusters.close()
 """
@@ -58,10 +58,6 @@ class AsyncCluster:
 
     def __repr__(self) -> str:
         return f"AsyncCluster({self.name!r}, {self.spec.display_uri!r})"
-
-    def collection(self, role: str) -> Any:
-        """The async collection playing *role* (``feed``, ``outbox``, ``fanouts``, ``metadata``)."""
-        return self._collections[role]
 
     async def execute(self, request: IORequest) -> Any:
         """Carry out one core request within what is left of its deadline; answer with a value, never raise."""

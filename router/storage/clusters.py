@@ -117,10 +117,6 @@ class Cluster:
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
 
-    def collection(self, role: str) -> Collection[dict[str, Any]]:
-        """The collection playing *role* (``feed``, ``outbox``, ``fanouts``, ``metadata``)."""
-        return self._collections[role]
-
     def error(self, exc: BaseException, *, doing: str) -> ClusterUnavailable:
         """:func:`driver_error` for this cluster, with its configured password masked too."""
         return driver_error(self.name, exc, doing=doing, secrets=self.secrets)
