@@ -15,7 +15,7 @@ from ..errors import ClusterUnavailable, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
-from .migrate import MIGRATIONS_COLLECTION, applied_migrations, discover
+from .migrate import applied_migrations, discover
 
 __all__ = ["check_report", "status_rows"]
 
@@ -52,9 +52,7 @@ def _cluster_status(cluster: Cluster, config: RouterConfig) -> dict[str, Any]:
     docs = cluster.metadata_documents()
     meta = docs[0] if len(docs) == 1 else None
     count = cluster.call("counting feed", lambda: cluster.feed.estimated_document_count())
-    applied = sorted(cluster.call(
-        "reading migrations", lambda: [d["_id"] for d in cluster.client[config.database][MIGRATIONS_COLLECTION].find({})]
-    ))
+    applied = sorted(applied_migrations(cluster, config))
     return {"rtt_ms": round(rtt, 2), "meta": meta, "metadata_documents": len(docs), "feed_documents": count, "migrations": applied}
 
 

@@ -8,6 +8,8 @@
 * :mod:`router.testing.redis`: a local ``redis-server`` (the broker) with kill/restart.
 * :mod:`router.testing.proxy`: a loopback TCP proxy that cuts chosen commands, to test
   behaviour under network blips.
+* :mod:`router.testing.commands`: ``CommandLog``, a pymongo command listener that counts
+  commands by name and server port, and the documents finds return.
 * :mod:`router.testing.demo` and :mod:`router.testing.bench`: the demo and the benchmark.
 
 Nothing in the router imports this package; only tests, the demo and the benchmark do.

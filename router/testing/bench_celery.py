@@ -30,37 +30,27 @@ import time
 import uuid
 from collections.abc import Sequence
 from contextlib import ExitStack
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pymongo import MongoClient
 
-from ..admin.migrate import discover, migrate_cluster
 from ..config import ClusterConfig, RouterConfig
 from ..fanout.celery import make_app, publish_fan_out
 from ..ids import data_key
-from ..model import Activity, ClusterMeta
-from ..storage.clusters import Cluster
+from ..model import Activity
 from ..sync import FeedRouter
+from .bench.common import NAMES, NOW, UTC, register
 from .errors import HarnessError
 from .localservers import LocalClusters
-from .process import POLL_INTERVAL, log_tail
+from .process import POLL_INTERVAL, log_tail, spawn_logged
 from .redis import LocalRedis
 
-__all__ = ["WorkerProcess", "main", "register_periods", "run_celery_bench", "worker_yaml"]
+__all__ = ["WorkerProcess", "main", "run_celery_bench", "worker_yaml"]
 
 log = logging.getLogger(__name__)
-UTC = timezone.utc
-#: The periods the benchmark (and the tests) register: [P0, P1), [P1, P2), [P2, open).
-PERIODS = (
-    (datetime(2024, 1, 1, tzinfo=UTC), datetime(2024, 4, 1, tzinfo=UTC)),
-    (datetime(2024, 4, 1, tzinfo=UTC), datetime(2024, 7, 1, tzinfo=UTC)),
-    (datetime(2024, 7, 1, tzinfo=UTC), None),
-)
-#: "Now" for the routers: after every period started.
-NOW = datetime(2024, 9, 1, tzinfo=UTC)
 #: The event time of the benchmark's posts: cluster_2 owns it.
 WHEN = datetime(2024, 5, 4, 12, 0, tzinfo=UTC)
 
@@ -125,9 +115,7 @@ class WorkerProcess:
         """Start the worker (not waiting for it); returns self."""
         root = Path(__file__).resolve().parents[2]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
-        with open(self.log_path, "ab") as err:
-            self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                                            start_new_session=True)
+        self.process = spawn_logged(self.command(), self.log_path, detached=True, env=env)
         return self
 
     @property
@@ -190,19 +178,6 @@ class WorkerProcess:
         return True
 
 
-def register_periods(config: RouterConfig) -> None:
-    """Migrate the clusters of *config* and give them :data:`PERIODS`, in order."""
-    migrations = discover()
-    for spec, (start, end) in zip(config.clusters, PERIODS):
-        cluster = Cluster(spec, config)
-        try:
-            migrate_cluster(cluster, config, migrations)
-            cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="bench",
-                                           created_at=start))
-        finally:
-            cluster.close()
-
-
 def _wait_done(router: FeedRouter, job_id: str, *, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while router.fan_out_status(job_id).state != "done":
@@ -233,15 +208,14 @@ def run_celery_bench(
             import tempfile
 
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="feedrouter-bench-celery-")))
-        names = ("cluster_1", "cluster_2", "cluster_3")
         figures: dict[str, Any] = {"receivers": receivers, "batch_size": batch_size, "cpus": os.cpu_count(),
                                    "server": server}
         app = make_app(broker)
         for label, workers in (("in_process", 0), ("celery_1_worker", 1), ("celery_2_workers", 2)):
             db = f"bench_celery_{uuid.uuid4().hex[:8]}"
             config = RouterConfig(database=db, batch_size=batch_size, timeout=timedelta(seconds=60),
-                                  clusters=tuple(ClusterConfig(name=n, uri=u) for n, u in zip(names, uris)))
-            register_periods(config)
+                                  clusters=tuple(ClusterConfig(name=n, uri=u) for n, u in zip(NAMES, uris)))
+            register(config)
             post = Activity(sender_id=1, event_time=WHEN, type=1, data={"bench": label}, data_key=data_key("bench", db))
             running: list[WorkerProcess] = []
             try:

@@ -49,7 +49,7 @@ from pymongo.saslprep import saslprep
 
 from .errors import HarnessError
 from .pgfind import SEARCH_GLOB, PostgresBinaries, find_postgres, is_program
-from .process import DEFAULT_TIMEOUT, POLL_INTERVAL, free_ports, log_tail, stop_process, tail
+from .process import DEFAULT_TIMEOUT, POLL_INTERVAL, free_ports, log_tail, spawn_logged, stop_process, tail
 
 __all__ = [
     "RESERVED_DATABASES",
@@ -218,16 +218,13 @@ class LocalPostgres:
             self._initdb()
         (self.data_dir / "pg_hba.conf").write_text(_HBA.format(superuser=SUPERUSER))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as output:
-            self._process = subprocess.Popen(
-                self._command(),
-                cwd="/",  # the postgres user may not be able to enter ours
-                env=_environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=self.detached,
-            )
+        self._process = spawn_logged(
+            self._command(),
+            self.log_path,
+            detached=self.detached,
+            cwd="/",  # the postgres user may not be able to enter ours
+            env=_environment(),
+        )
         logger.info(
             "started PostgreSQL %s: pid %d on port %d, data in %s",
             self.version,
@@ -281,11 +278,9 @@ class LocalPostgres:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and, if temporary, remove its data; repeatable."""
-        if self._process is not None:
-            was_running = self._process.poll() is None
-            stop_process(self._process, name=f"PostgreSQL on port {self.port}", sig=signal.SIGINT)
-            if was_running:
-                logger.info("stopped PostgreSQL on port %d", self.port)
+        name = f"PostgreSQL on port {self.port}"
+        if self._process is not None and stop_process(self._process, name=name, sig=signal.SIGINT):
+            logger.info("stopped PostgreSQL on port %d", self.port)
         if self.temporary:
             remove_data(self.data_dir, link=self.link)
 

@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -25,6 +26,7 @@ __all__ = [
     "log_tail",
     "pid_alive",
     "pid_is_server",
+    "spawn_logged",
     "stop_pids",
     "stop_process",
     "tail",
@@ -102,16 +104,38 @@ def pid_is_server(pid: int, marker: str) -> bool:
     return marker in cmdline
 
 
+def spawn_logged(
+    command: Sequence[str], log_path: Path, *, detached: bool, **popen_kwargs: Any
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` with no stdin and its stdout and stderr appended to ``log_path``.
+
+    ``detached`` puts it in a session of its own (it outlives us; stop it by pid);
+    ``popen_kwargs`` (``cwd``, ``env``) go to :class:`subprocess.Popen` as they are.
+    """
+    with open(log_path, "ab") as output:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=detached,
+            **popen_kwargs,
+        )
+
+
 def stop_process(
     process: subprocess.Popen[bytes],
     *,
     name: str,
     sig: signal.Signals = signal.SIGTERM,
     grace: float = STOP_GRACE,
-) -> None:
-    """Send ``sig`` (and SIGCONT, so a paused process can act on it), SIGKILL after ``grace``."""
+) -> bool:
+    """Send ``sig`` (and SIGCONT, so a paused process can act on it), SIGKILL after ``grace``.
+
+    Returns whether the process was still running (whether there was anything to stop).
+    """
     if process.poll() is not None:
-        return
+        return False
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(sig)
         process.send_signal(signal.SIGCONT)
@@ -121,6 +145,7 @@ def stop_process(
         logger.warning("%s did not exit %.0f s after %s; killing it", name, grace, sig.name)
         process.kill()
         process.wait()
+    return True
 
 
 def stop_pids(

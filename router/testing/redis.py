@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .errors import HarnessError
-from .process import DEFAULT_TIMEOUT, POLL_INTERVAL, free_ports, log_tail, stop_process
+from .process import DEFAULT_TIMEOUT, POLL_INTERVAL, free_ports, log_tail, spawn_logged, stop_process
 
 __all__ = ["LocalRedis", "find_redis_server"]
 
@@ -222,17 +222,12 @@ class LocalRedis:
 
     def _spawn(self) -> None:
         assert self.log_path is not None
-        with open(self.log_path, "ab") as output:
-            self._process = subprocess.Popen(
-                self._command(), stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
-            )
+        self._process = spawn_logged(self._command(), self.log_path, detached=False)
         logger.info("started redis-server: pid %d on port %d", self._process.pid, self.port)
 
     def _stop_process(self) -> None:
-        if self._process is None or self._process.poll() is not None:
-            return
-        stop_process(self._process, name=f"redis-server on port {self.port}")
-        logger.info("stopped redis-server (port %d)", self.port)
+        if self._process is not None and stop_process(self._process, name=f"redis-server on port {self.port}"):
+            logger.info("stopped redis-server (port %d)", self.port)
 
     def _wait_ready(self) -> None:
         """Block until ``PING`` gets ``PONG`` (not ``-LOADING``); fail fast if the process exits."""

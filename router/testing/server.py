@@ -21,7 +21,7 @@ import pymongo.errors
 
 from .errors import HarnessError
 from .ferretdb import ferretdb_command
-from .process import DEFAULT_TIMEOUT, STOP_GRACE, log_tail, stop_process
+from .process import DEFAULT_TIMEOUT, STOP_GRACE, log_tail, spawn_logged, stop_process
 
 __all__ = ["LocalServer", "server_command"]
 
@@ -148,11 +148,8 @@ class LocalServer:
             with contextlib.suppress(Exception):
                 container.stop()
             return
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        stop_process(process, name=self.name, grace=STOP_GRACE)
-        logger.info("stopped %s (port %d)", self.name, self.port)
+        if self._process is not None and stop_process(self._process, name=self.name, grace=STOP_GRACE):
+            logger.info("stopped %s (port %d)", self.name, self.port)
 
     def _signal(self, sig: signal.Signals) -> None:
         if self._process is None or self._process.poll() is not None:
@@ -161,15 +158,7 @@ class LocalServer:
 
     def _spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_paths[-1]
-        with open(log, "ab") as output:
-            self._process = subprocess.Popen(
-                self._command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=self._detached,
-            )
+        self._process = spawn_logged(self._command, self.log_paths[-1], detached=self._detached)
         logger.info(
             "started %s: %s pid %d on port %d",
             self.name,

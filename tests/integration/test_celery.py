@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
-from pymongo import MongoClient, monitoring
+from pymongo import MongoClient
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, data_key
 from router.cli import main
@@ -35,6 +35,7 @@ from router.fanout.celery import ACTIVE_QUEUE, BATCH_TASK, INACTIVE_QUEUE, make_
 from router.fanout.celery_plan import check_json_data, inactive_job_id, plan_parts, sendable
 from router.observe.prometheus import PrometheusMetrics
 from router.testing.bench_celery import WorkerProcess, worker_yaml
+from router.testing.commands import CommandLog
 from router.testing.localservers import LocalClusters
 from router.testing.redis import LocalRedis
 
@@ -389,29 +390,13 @@ def test_publisher_memory_measure_runs_small(servers: LocalClusters, capsys: pyt
     assert all(r["peak_growth_mb"] >= 0 for r in rows)
 
 
-class _Inserts(monitoring.CommandListener):
-    """Counts the insert commands a client started."""
-
-    def __init__(self) -> None:
-        self.inserts = 0
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        self.inserts += event.command_name == "insert"
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
 def test_a_worker_reports_through_metrics_traces_and_listeners(
     publisher: tuple[RouterConfig, FeedRouter], broker_url: str, raw_clients: Clients, db_name: str,
 ) -> None:
     """The batch task run by a worker's app (here in this process, so its registry can be read): copies counted by
     cluster and outcome, one fan_out_batch call and span per batch, the app's listeners on its clients."""
     config, router = publisher
-    registry, spans, listener = CollectorRegistry(), InMemorySpanExporter(), _Inserts()
+    registry, spans, listener = CollectorRegistry(), InMemorySpanExporter(), CommandLog(on=True)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     app = make_app(broker_url, config=config, metrics=PrometheusMetrics(registry=registry), tracer_provider=provider,
@@ -439,4 +424,4 @@ def test_a_worker_reports_through_metrics_traces_and_listeners(
     children = [s for s in spans.get_finished_spans() if s.parent is not None and s.parent.span_id in
                 {b.context.span_id for b in batch_spans}]
     assert children and all(s.attributes["feedrouter.cluster"] == OWNER for s in children)
-    assert listener.inserts >= 2
+    assert listener.total("insert") >= 2

@@ -15,9 +15,10 @@ import pytest
 from bson import ObjectId
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pymongo import MongoClient, monitoring
+from pymongo import MongoClient
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, copy_id, data_key, outbox_id
+from router.testing.commands import CommandLog
 from router.testing.localservers import LocalClusters
 
 from .conftest import NAMES, NOW, P0, P1, P2, PERIODS, register
@@ -310,22 +311,8 @@ def test_update_and_delete_reach_every_copy_and_the_outbox(router: FeedRouter, r
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
 
 
-class Commands(monitoring.CommandListener):
-    """The (command, collection) pairs each cluster's client sends while on, in order, by port."""
-
-    def __init__(self) -> None:
-        self.sent: dict[int, list[tuple[str, str]]] = {}
-        self.on = False
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if self.on and event.command_name in ("find", "delete", "update", "insert", "count", "aggregate"):
-            self.sent.setdefault(event.connection_id[1], []).append((event.command_name, event.command[event.command_name]))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
+#: The commands test_small_edits_send_one_find_and_one_edit_per_cluster looks at.
+EDITS = ("find", "delete", "update", "insert", "count", "aggregate")
 
 
 def test_small_edits_send_one_find_and_one_edit_per_cluster(
@@ -334,7 +321,7 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
 ) -> None:
     """Editing a post with fewer copies than one sample: per cluster, a find and an edit of the feed (no edit
     where the find found nothing) and one edit of the outbox; the result checked with pymongo."""
-    commands = Commands()
+    commands = CommandLog()
     config = make_config()
     register(config)
     router = open_router(config, clock=lambda: NOW, event_listeners=[commands])
@@ -342,13 +329,13 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
     router.publish(act, range(300))
     port = {name: int(uri.rsplit(":", 1)[1].split("/")[0]) for name, uri in zip(NAMES, servers.uris)}
     for edit, verb in [(lambda: router.update(act.data_key, {"post": 9}), "update"), (lambda: router.delete(act.data_key), "delete")]:
-        commands.sent.clear()
+        commands.clear()
         commands.on = True
         assert edit() == 300
         commands.on = False
         for name in NAMES:
             feed = [(verb, "feed")] if name == "cluster_2" else []
-            assert commands.sent[port[name]] == [("find", "feed"), *feed, (verb, "outbox")], name
+            assert commands.sent(port[name], names=EDITS) == [("find", "feed"), *feed, (verb, "outbox")], name
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 0
     assert outbox(raw_clients, db_name) == []
 
@@ -469,32 +456,10 @@ def test_random_social_graph_reads_match_the_model(
         assert [(i.data_key, i.data) for i in items] == [(k, model.posts[k].data) for k in model.expected(user)], (user, limit)
 
 
-class Finds(monitoring.CommandListener):
-    """Counts the find commands each cluster's client sends (by port), and the documents they return."""
-
-    def __init__(self) -> None:
-        self.finds: dict[int, int] = {}
-        self.documents = 0
-        self.on = False
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if self.on and event.command_name == "find":
-            port = event.connection_id[1]
-            self.finds[port] = self.finds.get(port, 0) + 1
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        if self.on and event.command_name in ("find", "getMore"):
-            cursor = event.reply.get("cursor", {})
-            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
 def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
                                                        servers: LocalClusters) -> None:
     """A page pulling 100 senders: each cluster it touches gets one inbox find and one outbox find, no more."""
-    finds = Finds()
+    finds = CommandLog()
     config = make_config()
     register(config)
     router = open_router(config, clock=lambda: NOW, event_listeners=[finds])
@@ -505,12 +470,13 @@ def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[...
     finds.on = True
     cursor, pages, served = None, 0, 0
     while True:
-        finds.finds.clear()
+        finds.clear(documents=False)  # the documents add up over the pages
         page = router.read(77, limit=20, cursor=cursor, pull=senders)
         pages += 1
         served += len(page.items)
-        assert all(n <= 2 for n in finds.finds.values()), finds.finds
-        assert len(finds.finds) <= len(set(page.queried)) or not page.items
+        per_port = finds.count("find")
+        assert all(n <= 2 for n in per_port.values()), per_port
+        assert len(per_port) <= len(set(page.queried)) or not page.items
         cursor = page.next_cursor
         if cursor is None:
             break
@@ -522,7 +488,7 @@ def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callab
                                                              open_router: Callable[..., Any], servers: LocalClusters) -> None:
     """Ten pulled posts sharing one millisecond, paged 3 at a time: each once, newest first by (event_time, _id).
     The cluster holding them gets a third find (the whole millisecond) on each page that reaches into it."""
-    finds = Finds()
+    finds = CommandLog()
     config = make_config()
     register(config)
     router = open_router(config, clock=lambda: NOW, event_listeners=[finds])
@@ -539,9 +505,9 @@ def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callab
     pages: list[tuple[int, dict[str, int]]] = []  # per page: items, and finds by cluster
     cursor = None
     while True:
-        finds.finds.clear()
+        finds.clear()
         page = router.read(77, limit=3, cursor=cursor, pull=["s0", "s1", "s2", "s3"])
-        pages.append((len(page.items), {port[p]: n for p, n in finds.finds.items()}))
+        pages.append((len(page.items), {port[p]: n for p, n in finds.count("find").items()}))
         served.extend(zip(page.items, page.pulled))
         cursor = page.next_cursor
         if cursor is None:

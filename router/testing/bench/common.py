@@ -69,27 +69,6 @@ class Result:
                 f"| {self.target} | {'PASS' if self.passed else 'FAIL'} |")
 
 
-class Finds(monitoring.CommandListener):
-    """Counts find/getMore commands and the documents they returned."""
-
-    def __init__(self) -> None:
-        self.finds = 0
-        self.documents = 0
-        self.enabled = False
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if self.enabled and event.command_name in ("find", "getMore"):
-            self.finds += event.command_name == "find"
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        if self.enabled and event.command_name in ("find", "getMore"):
-            cursor = event.reply.get("cursor", {})
-            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
 def bench_config(uris: Sequence[str], database: str, *, listener: monitoring.CommandListener | None = None) -> RouterConfig:
     options: dict[str, Any] = {"event_listeners": [listener]} if listener is not None else {}
     return RouterConfig(
@@ -99,12 +78,15 @@ def bench_config(uris: Sequence[str], database: str, *, listener: monitoring.Com
 
 
 def register(config: RouterConfig) -> None:
+    """Migrate the clusters of *config* and give them [P0, P1), [P1, P2), [P2, open), in order."""
     migrations = discover()
     for spec, (start, end) in zip(config.clusters, ((P0, P1), (P1, P2), (P2, None))):
         cluster = Cluster(spec, config)
-        migrate_cluster(cluster, config, migrations)
-        cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="bench"))
-        cluster.close()
+        try:
+            migrate_cluster(cluster, config, migrations)
+            cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="bench"))
+        finally:
+            cluster.close()
 
 
 def make_items(n: int, *, receivers: int = 5000, start: datetime = P0, end: datetime = NOW, key_offset: int = 0) -> list[FeedItem]:

@@ -11,18 +11,19 @@ from datetime import timedelta
 from typing import Any
 
 import attrs
-from pymongo import MongoClient, monitoring
+from pymongo import MongoClient
 
 from ...aio import AsyncFeedRouter
 from ...ids import data_key
 from ...model import Activity
 from ...sync import FeedRouter
-from .common import NOW, P0, P1, P2, Finds, Result, bench_config, interleave, make_items, register, timed
+from ..commands import CommandLog
+from .common import NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
 
 
 def bench_pages(uris: Sequence[str]) -> Result:
     """Commands and documents per page: one cluster fills it; then a page spanning three clusters."""
-    finds = Finds()
+    finds = CommandLog()
     config = bench_config(uris, "bench_pages", listener=finds)
     register(config)
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
@@ -31,12 +32,12 @@ def bench_pages(uris: Sequence[str]) -> Result:
                   + make_items(10, receivers=1, start=P1, end=P2, key_offset=20_000)
                   + make_items(100, receivers=1, start=P0, end=P1, key_offset=30_000))
         router.write_many([attrs.evolve(it, receiver_id=7) for it in spread])
-        finds.enabled, finds.finds, finds.documents = True, 0, 0
+        finds.on = True
         one = router.read(1_000_000, limit=50)
-        single = (finds.finds, finds.documents, len(one))
-        finds.finds, finds.documents = 0, 0
+        single = (finds.total("find"), finds.documents, len(one))
+        finds.clear()
         three = router.read(7, limit=50)
-        spanning = (finds.finds, finds.documents, len(three), len(set(three.sources)))
+        spanning = (finds.total("find"), finds.documents, len(three), len(set(three.sources)))
     ok = single == (1, 50, 50) and spanning[0] == spanning[3] == 3 and spanning[1] == spanning[2] == 50
     note = (f"newest cluster fills the page: {single[0]} find, {single[1]} documents for {single[2]} items; "
             f"page over {spanning[3]} clusters: {spanning[0]} finds, {spanning[1]} documents for {spanning[2]} items")
@@ -71,35 +72,10 @@ def bench_read(uris: Sequence[str], reps: int, rounds: int) -> Result:
                   "<= 1.15", statistics.median(ratios) <= 1.15)
 
 
-class _Commands(monitoring.CommandListener):
-    """Counts commands by name and server port, and the documents finds return."""
-
-    def __init__(self) -> None:
-        self.by_port: dict[tuple[str, int], int] = {}
-        self.documents = 0
-        self.on = False
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if self.on:
-            key = (event.command_name, int(event.connection_id[1] or 0))
-            self.by_port[key] = self.by_port.get(key, 0) + 1
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        if self.on and event.command_name in ("find", "getMore"):
-            cursor = event.reply.get("cursor", {})
-            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-    def count(self, name: str) -> dict[int, int]:
-        return {port: n for (command, port), n in self.by_port.items() if command == name}
-
-
 def bench_pull_pages(uris: Sequence[str], senders: int = 100, limit: int = 50) -> Result:
     """Paging a feed that pulls 100 senders: finds per cluster per page, documents sent per item served;
     and what publishing for a pulled author costs (inserts)."""
-    commands = _Commands()
+    commands = CommandLog()
     config = bench_config(uris, "bench_pull", listener=commands)
     register(config)
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
@@ -113,13 +89,14 @@ def bench_pull_pages(uris: Sequence[str], senders: int = 100, limit: int = 50) -
                 commands.on = True
             router.publish(activity, (f for f in range(1_000_000)), pull=True)
             if i == 0:
-                inserts = sum(commands.count("insert").values())
-                commands.on, commands.by_port = False, {}
+                inserts = commands.total("insert")
+                commands.on = False
+                commands.clear(documents=False)
         router.write_many(make_items(120, receivers=1, start=P0, end=NOW, key_offset=50_000))  # the reader's own feed
         commands.on = True
         cursor, pages, served, worst = None, 0, 0, 0
         while True:
-            commands.by_port.clear()
+            commands.clear(documents=False)  # the documents add up over the pages
             page = router.read(1_000_000, limit=limit, cursor=cursor, pull=names)
             pages += 1
             served += len(page.items)

@@ -57,8 +57,10 @@ def _chart(results: list[Result], path: Path) -> str:
 
 def _environment(uris: Sequence[str], backend: str, server: str | None = None) -> dict[str, Any]:
     """The run's context for the report header; ``server`` as LocalClusters.server_description gives it."""
-    info = MongoClient(uris[0]).admin.command("buildInfo")
     if server is None:  # servers we did not start: the wire protocol does not say which FerretDB backend
+        client: MongoClient[dict[str, Any]]
+        with MongoClient(uris[0]) as client:
+            info = client.admin.command("buildInfo")
         server = f"FerretDB {info['ferretdbVersion']}" if "ferretdbVersion" in info else f"MongoDB {info.get('version')}"
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
