@@ -201,14 +201,14 @@ class AsyncFeedRouter:
             self._leave()
 
     async def _refresh(self) -> Routing:
-        clusters, routing = self._started("refresh")
-        assert self._refresh_lock is not None
+        clusters, _routing = self._started("refresh")
+        assert self._refresh_lock is not None and self._routing is not None
         async with self._refresh_lock:
             started = self._clock()
-            timemap = await clusters.load_timemap(previous=self._routing.timemap if self._routing else None)
-            assert self._routing is not None
-            if started >= self._routing.loaded_at:
-                self._routing = Routing(timemap, started, self._routing.lead_time)
+            timemap = await clusters.load_timemap(previous=self._routing.timemap)
+            newer = self._routing.replaced_by(timemap, started)
+            if newer is not None:
+                self._routing = newer
                 clusters.record(Event("timemap_loaded", started.timestamp()))
             return self._routing
 

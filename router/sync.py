@@ -181,8 +181,9 @@ class FeedRouter:
         with self._refresh_lock:
             started = self._clock()
             timemap = self._clusters.load_timemap(previous=self._routing.timemap)
-            if started >= self._routing.loaded_at:
-                self._routing = Routing(timemap, started, self._routing.lead_time)
+            newer = self._routing.replaced_by(timemap, started)
+            if newer is not None:
+                self._routing = newer
                 self._clusters.record(Event("timemap_loaded", started.timestamp()))
             return self._routing
 

@@ -86,6 +86,11 @@ class Routing:
             end = horizon
         return name, start, end
 
+    def replaced_by(self, timemap: TimeMap, started: datetime) -> Routing | None:
+        """The routing of a map whose load began at *started*, or ``None`` when that load began before this
+        one's (a slow refresh never replaces a newer map)."""
+        return Routing(timemap, started, self.lead_time) if started >= self.loaded_at else None
+
     def stale(self, event_time: datetime, *, field: str = "event_time", cause: BaseException | None = None) -> StaleMetadata:
         """The error for a time still past the horizon after a refresh (or whose refresh failed)."""
         when = event_time.isoformat()
