@@ -35,9 +35,10 @@ _HOST = re.compile(r"^(?:[A-Za-z0-9_~-]+(?:\.[A-Za-z0-9_~-]+)*\.?|[0-9A-Fa-f.]*:
 def uri_problem(uri: str) -> str | None:
     """Why pymongo would refuse *uri*, or ``None``: hosts, ports, credentials and every option checked.
 
-    Uses pymongo's own URI parsing functions, without the DNS lookup a ``mongodb+srv://``
-    URI needs at connect time, plus a check that host names hold no spaces or other
-    characters no host name has. The reason never includes the password.
+    The common mistakes (no host, a bad port, an unknown option, a bad option value) get the
+    router's own words, naming what was wrong, whatever pymongo's version says; pymongo's
+    own parsing functions then check the rest, without the DNS lookup a ``mongodb+srv://``
+    URI needs at connect time. The reason never includes the password.
     """
     from pymongo.errors import PyMongoError
     from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
@@ -49,21 +50,66 @@ def uri_problem(uri: str) -> str | None:
     userinfo, at, hosts = hosts_part.rpartition("@")
     password = uri_password(uri)
     try:
-        if not hosts:
-            return "it names no host"
-        if at:
-            parse_userinfo(userinfo)
-        nodes = split_hosts(hosts, default_port=None if srv else 27017)
-        for host, _port in nodes:
-            if not _HOST.match(host):
-                return f"host {host!r} is not a host name or address"
-        if srv and (len(nodes) != 1 or nodes[0][1] is not None):
-            return "a mongodb+srv:// URI names exactly one host and no port"
-        if options:
-            split_options(options, validate=True, warn=False)
+        problem = _hosts_problem(hosts) or (_options_problem(options) if options else None)
+        if problem is None:
+            if at:
+                parse_userinfo(userinfo)
+            nodes = split_hosts(hosts, default_port=None if srv else 27017)
+            if srv and (len(nodes) != 1 or nodes[0][1] is not None):
+                problem = "a mongodb+srv:// URI names exactly one host and no port"
+            elif options:
+                split_options(options, validate=True, warn=False)
     except (PyMongoError, ValueError, TypeError) as exc:
-        text = redact_uri(str(exc))
-        return text.replace(password, "***") if password else text
+        problem = str(exc)
+    if problem is None:
+        return None
+    problem = redact_uri(problem)
+    return problem.replace(password, "***") if password else problem
+
+
+def _hosts_problem(hosts: str) -> str | None:
+    """The first host or port in the URI's host list that no server could have, in the router's words."""
+    if not hosts:
+        return "it names no host"
+    from urllib.parse import unquote_plus
+
+    for entry in hosts.split(","):
+        host, port = entry, ""
+        if entry.endswith(".sock"):
+            host = unquote_plus(entry)
+        elif entry.startswith("["):  # [IPv6]:port
+            host, _, tail = entry[1:].partition("]")
+            port = tail[1:] if tail.startswith(":") else ""
+        elif entry.count(":") == 1:
+            host, port = entry.split(":")
+        if port and not (port.isdigit() and 0 < int(port) <= 65535):
+            return f"port {port!r} of host {host!r} must be a number from 1 to 65535"
+        if not _HOST.match(host):
+            return f"host {host!r} is not a host name or address"
+    return None
+
+
+def _options_problem(options: str) -> str | None:
+    """The first unknown option or bad option value in the URI's ``?key=value&...`` part, in the router's words."""
+    from urllib.parse import unquote_plus
+
+    from pymongo import common
+
+    known = {k.lower() for k in (*common.URI_OPTIONS_VALIDATOR_MAP, *common.URI_OPTIONS_ALIAS_MAP)}
+    known |= {k.lower() for aliases in common.URI_OPTIONS_ALIAS_MAP.values() for k in aliases}
+    known |= {k.lower() for k in common.URI_OPTIONS_DEPRECATION_MAP}
+    for pair in re.split("[&;]", options):
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            return f"URI options are key=value pairs (got {pair!r})"
+        if key.lower() not in known:
+            return f"unknown URI option {key!r}"
+        if key.lower() in ("readpreferencetags", "authmechanismproperties"):
+            continue  # structured values: pymongo's own parser checks them with the rest
+        try:
+            common.validate(key, unquote_plus(value))
+        except (ValueError, TypeError) as exc:
+            return f"URI option {key!r} has a bad value {value!r} ({exc})"
     return None
 
 

@@ -144,8 +144,8 @@ def test_status_marks_bad_metadata_and_prints_every_cluster(
     "text, expected",
     [
         ("clusters: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
-        ("clusters:\n  - {name: a, uri: 'mongodb://127.0.0.1:99999/'}\n", "clusters[0].uri: not a valid MongoDB URI: Port must be"),
-        ("clusters:\n  - {name: a, uri: 'mongodb://127.0.0.1/?bogusOption=1'}\n", "Unknown option: bogusoption"),
+        ("clusters:\n  - {name: a, uri: 'mongodb://127.0.0.1:99999/'}\n", "clusters[0].uri: not a valid MongoDB URI: port '99999' of host '127.0.0.1' must be"),
+        ("clusters:\n  - {name: a, uri: 'mongodb://127.0.0.1/?bogusOption=1'}\n", "unknown URI option 'bogusOption'"),
     ],
 )
 def test_unusable_config_exits_2(tmp_path: Path, text: str, expected: str) -> None:

@@ -177,7 +177,9 @@ def test_pg_backend_checks_passwords(tmp_path: Path) -> None:
             assert client.made_by_superuser.items.find_one({"_id": 2}) == {"_id": 2}
             client.made_by_superuser.items.insert_one({"_id": 3})
         with _client(f"mongodb://feed:wrong@{host}/?authMechanism=PLAIN") as client:
-            with pytest.raises(pymongo.errors.OperationFailure, match="password authentication failed"):
+            # Refused (FerretDB answers with PostgreSQL's own error, whose wording is not ours to
+            # assert), where the same call with the right password read the document above.
+            with pytest.raises(pymongo.errors.OperationFailure):
                 client.own_db.items.find_one({})
 
 

@@ -179,13 +179,17 @@ def test_rollover_problems() -> None:
 @pytest.mark.parametrize(
     "uri, reason",
     [
-        ("mongodb://127.0.0.1:notaport/", "Port contains non-digit characters"),
-        ("mongodb://127.0.0.1:99999/", "Port must be an integer between 0 and 65535"),
+        ("mongodb://127.0.0.1:notaport/", "port 'notaport' of host '127.0.0.1' must be a number from 1 to 65535"),
+        ("mongodb://127.0.0.1:99999/", "port '99999' of host '127.0.0.1' must be a number from 1 to 65535"),
+        ("mongodb://[::1]:0/", "port '0' of host '::1' must be a number from 1 to 65535"),
         ("mongodb://a b:1/", "host 'a b' is not a host name or address"),
         ("mongodb://", "it names no host"),
         ("mongodb:///db", "it names no host"),
-        ("mongodb://h:1/?notAnOption=1", "Unknown option: notanoption"),
-        ("mongodb://h:1/?serverSelectionTimeoutMS=soon", "serverselectiontimeoutms must be an integer or float"),
+        ("mongodb://h:1/?notAnOption=1", "unknown URI option 'notAnOption'"),
+        ("mongodb://h:1/?w=1&bogus=2", "unknown URI option 'bogus'"),
+        ("mongodb://h:1/?serverSelectionTimeoutMS=soon", "URI option 'serverSelectionTimeoutMS' has a bad value 'soon'"),
+        ("mongodb://h:1/?tls=maybe", "URI option 'tls' has a bad value 'maybe'"),
+        ("mongodb://h:1/?retryWrites", "URI options are key=value pairs (got 'retryWrites')"),
         ("mongodb+srv://a.example:27017", "a mongodb+srv:// URI names exactly one host and no port"),
     ],
 )
