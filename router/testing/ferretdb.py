@@ -10,20 +10,17 @@ panics at start (FerretDB issue #2982: ``build/version/version.txt`` is not in t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import HarnessError
-from .process import tail
+from .process import build_once, tail
 
 __all__ = [
     "CACHE_ENV",
@@ -76,28 +73,16 @@ def ensure_ferretdb(*, cache: Path | None = None) -> Path:
     """
     cache = cache_dir() if cache is None else cache
     binary = cache / f"ferretdb-{FERRETDB_VERSION}" / "ferretdb"
-    if _ferretdb_works(binary):
-        return binary
-    cache.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache / f"ferretdb-{FERRETDB_VERSION}.lock"):
-        if _ferretdb_works(binary):  # another process built it while we waited
-            return binary
-        _build_ferretdb(binary, cache=cache)
-    if not _ferretdb_works(binary):
+    built = build_once(
+        cache / f"ferretdb-{FERRETDB_VERSION}.lock",
+        built=lambda: _ferretdb_works(binary),
+        build=lambda: _build_ferretdb(binary, cache=cache),
+    )
+    if built and not _ferretdb_works(binary):
         raise HarnessError(
             f"built {binary} but `{binary} --version` does not report {FERRETDB_VERSION}"
         )
     return binary
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ferretdb_works(binary: Path) -> bool:

@@ -1,4 +1,4 @@
-"""Process plumbing shared by the local servers: free ports, pids, stopping, log tails.
+"""Process plumbing shared by the local servers: free ports, pids, stopping, log tails, build locks.
 
 Every local server (FerretDB, mongod, PostgreSQL, Redis) is a child process on loopback
 with a log file; this module holds what they have in common so each server module only
@@ -8,13 +8,14 @@ says how its own program is started and asked whether it is ready.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "POLL_INTERVAL",
     "STOP_GRACE",
+    "build_once",
+    "file_lock",
     "free_ports",
     "log_tail",
     "pid_alive",
@@ -58,6 +61,32 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing): one build at a time across processes."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(lock_path: Path, *, built: Callable[[], bool], build: Callable[[], None]) -> bool:
+    """Run ``build`` unless ``built()``, holding :func:`file_lock` on ``lock_path`` and asking again once it is held.
+
+    Concurrent callers (other processes too) build once; returns whether this call built.
+    """
+    if built():
+        return False
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock_path):
+        if built():  # another process built it while we waited
+            return False
+        build()
+    return True
 
 
 def tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
