@@ -5,6 +5,8 @@
   demo and the benchmark; its parts: ``clusters`` (the backends), ``server`` (one
   server's faults), ``ferretdb`` (build, command line), ``postgres`` (the private
   PostgreSQL), ``process`` (ports, pids, stopping), ``errors`` (``HarnessError``).
+* :mod:`router.testing.javaserver`: mongo-java-server in memory, a second wire server that
+  applies one document's filter and update atomically (FerretDB v1 does not).
 * :mod:`router.testing.redis`: a local ``redis-server`` (the broker) with kill/restart.
 * :mod:`router.testing.proxy`: a loopback TCP proxy that cuts chosen commands, to test
   behaviour under network blips.

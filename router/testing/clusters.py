@@ -9,6 +9,10 @@ Backends (``backend=`` or ``$FEED_TEST_BACKEND``):
   cluster's FerretDB; PostgreSQL stays up until :meth:`LocalClusters.stop`.
 * ``ferretdb-sqlite`` (alias ``ferretdb``): FerretDB v1.24.2 with its ``sqlite`` handler,
   one folder of SQLite files per cluster; needs nothing but the FerretDB binary.
+* ``javaserver``: mongo-java-server 1.47.0 in memory, one JVM per cluster
+  (:mod:`router.testing.javaserver`), only when asked for. It applies a document's filter
+  and update atomically, as MongoDB does and FerretDB v1 does not; it keeps nothing across
+  a restart and ignores secondary indexes.
 * ``docker``: testcontainers' ``mongo:7``, only when asked for.
 * ``auto`` (the default): ``mongod`` if it is on PATH, else ``ferretdb-pg`` if PostgreSQL's
   server programs are found, else ``ferretdb-sqlite`` (with a warning).
@@ -33,6 +37,7 @@ import pymongo.errors
 
 from .errors import HarnessError
 from .ferretdb import FERRETDB_VERSION, ensure_ferretdb
+from .javaserver import JAVASERVER_VERSION, ensure_javaserver
 from .postgres import RESERVED_DATABASES, LocalPostgres, find_postgres
 from .process import DEFAULT_TIMEOUT, free_ports
 from .server import LocalServer, server_command
@@ -41,7 +46,7 @@ __all__ = ["BACKENDS", "BACKEND_ENV", "LocalClusters"]
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker")
+BACKENDS = ("auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "javaserver", "docker")
 """Accepted values for ``backend`` and ``$FEED_TEST_BACKEND`` (``ferretdb`` = ``ferretdb-sqlite``)."""
 
 ALIASES = {"ferretdb": "ferretdb-sqlite"}
@@ -137,7 +142,7 @@ class LocalClusters:
         self.count = count
         self.names = names
         self.backend = _resolve_backend(backend)
-        """The backend in use: ``mongod``, ``ferretdb-pg``, ``ferretdb-sqlite`` or ``docker``."""
+        """The backend in use: ``mongod``, ``ferretdb-pg``, ``ferretdb-sqlite``, ``javaserver`` or ``docker``."""
         if self.backend == "ferretdb-pg":
             taken = {*RESERVED_DATABASES, POSTGRES_DIR, POSTGRES_LOG}
             for name in names:
@@ -177,6 +182,8 @@ class LocalClusters:
             return f"FerretDB {FERRETDB_VERSION} (PostgreSQL {found.version if found else '?'})"
         if self.backend == "ferretdb-sqlite":
             return f"FerretDB {FERRETDB_VERSION} (SQLite)"
+        if self.backend == "javaserver":
+            return f"mongo-java-server {JAVASERVER_VERSION} (in memory)"
         version = "?"
         if self.servers:
             client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
@@ -282,6 +289,8 @@ class LocalClusters:
             if not found:
                 raise HarnessError("'mongod' is not on PATH")
             binary = Path(found)
+        elif self.backend == "javaserver":
+            binary = ensure_javaserver()
         else:
             binary = ensure_ferretdb()
         root = self._root()

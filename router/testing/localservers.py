@@ -2,11 +2,13 @@
 
 This is the public face of the harness: :class:`LocalClusters` (several servers started and
 stopped together; the backends are described in :mod:`router.testing.clusters`),
-:class:`LocalServer` (one of them, with the faults tests inject), :func:`ensure_ferretdb`
-and the command line. Each cluster is one server process with its own free port: mongod,
-or FerretDB v1.24.2 over one local PostgreSQL (the default without mongod) or over SQLite.
-FerretDB is built from its Go module into a cache folder the first time it is needed
-(about a minute; see :mod:`router.testing.ferretdb`).
+:class:`LocalServer` (one of them, with the faults tests inject), :func:`ensure_ferretdb`,
+:func:`ensure_javaserver` and the command line. Each cluster is one server process with its
+own free port: mongod, or FerretDB v1.24.2 over one local PostgreSQL (the default without
+mongod) or over SQLite, or (when asked for) mongo-java-server in memory. FerretDB is built
+from its Go module into a cache folder the first time it is needed (about a minute; see
+:mod:`router.testing.ferretdb`); mongo-java-server is fetched with Maven there (see
+:mod:`router.testing.javaserver`).
 
 Use it when you need real servers on this machine; do not use it to run anything that
 must outlive a test session unattended (the CLI ``start``/``stop`` pair is the closest
@@ -39,6 +41,7 @@ from typing import Any
 from .clusters import BACKEND_ENV, BACKENDS, LocalClusters
 from .errors import HarnessError
 from .ferretdb import CACHE_ENV, FERRETDB_VERSION, cache_dir, ensure_ferretdb
+from .javaserver import JAVASERVER_VERSION, LocalJavaServer, ensure_javaserver
 from .postgres import remove_data
 from .process import DEFAULT_TIMEOUT, pid_alive, pid_is_server, stop_pids
 from .server import LocalServer
@@ -48,11 +51,14 @@ __all__ = [
     "BACKEND_ENV",
     "CACHE_ENV",
     "FERRETDB_VERSION",
+    "JAVASERVER_VERSION",
     "HarnessError",
     "LocalClusters",
+    "LocalJavaServer",
     "LocalServer",
     "cache_dir",
     "ensure_ferretdb",
+    "ensure_javaserver",
     "main",
 ]
 
@@ -75,7 +81,7 @@ def _stop_recorded(entries: list[dict[str, Any]], *, sig: signal.Signals) -> Non
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    print(ensure_ferretdb())
+    print(ensure_javaserver() if args.server == "javaserver" else ensure_ferretdb())
     return 0
 
 
@@ -176,7 +182,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs, tracebacks")
     sub = parser.add_subparsers(dest="action", required=True)
 
-    build = sub.add_parser("build", help=f"build FerretDB {FERRETDB_VERSION}; print its path")
+    build = sub.add_parser(
+        "build",
+        help=f"build FerretDB {FERRETDB_VERSION} (or fetch mongo-java-server {JAVASERVER_VERSION}); print its path",
+    )
+    build.add_argument(
+        "server",
+        nargs="?",
+        choices=("ferretdb", "javaserver"),
+        default="ferretdb",
+        help="ferretdb (default): build the binary with Go; javaserver: fetch the jars with Maven "
+        "and compile the launcher with javac",
+    )
     build.set_defaults(handler=_cmd_build)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -219,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``build``, ``start``, ``stop`` and ``run``; returns the exit code.
+    """Command line: ``build [ferretdb|javaserver]``, ``start``, ``stop`` and ``run``; returns the exit code.
 
     Exit codes: 0 ok, 1 the servers could not be built, started or stopped, 2 usage; ``run``
     exits with its command's code.

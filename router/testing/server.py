@@ -1,4 +1,4 @@
-"""One local MongoDB-wire server process (mongod, FerretDB or a container) and its faults.
+"""One local MongoDB-wire server process (mongod, FerretDB, mongo-java-server or a container) and its faults.
 
 :class:`LocalServer` is made by :class:`router.testing.clusters.LocalClusters`; tests use
 its methods to simulate failures of one cluster: :meth:`~LocalServer.kill`,
@@ -21,6 +21,7 @@ import pymongo.errors
 
 from .errors import HarnessError
 from .ferretdb import ferretdb_command
+from .javaserver import javaserver_command
 from .process import DEFAULT_TIMEOUT, STOP_GRACE, log_tail, spawn_logged, stop_process
 
 __all__ = ["LocalServer", "server_command"]
@@ -33,7 +34,10 @@ _PING_SLICE_MS = 500
 def server_command(
     backend: str, *, data_dir: Path, port: int, binary: Path, postgresql_url: str | None = None
 ) -> list[str]:
-    """The command line of one cluster's server: ``mongod``, or FerretDB with its handler."""
+    """The command line of one cluster's server: ``mongod``, FerretDB with its handler, or mongo-java-server.
+
+    ``binary`` is the program, or for ``javaserver`` the folder :func:`ensure_javaserver` built.
+    """
     if backend == "mongod":
         return [
             str(binary),
@@ -43,6 +47,8 @@ def server_command(
             "--logpath", str(data_dir / "mongod.log"),
             "--logappend",
         ]  # fmt: skip
+    if backend == "javaserver":
+        return javaserver_command(binary, port=port, data_dir=data_dir)
     if backend == "ferretdb-pg":
         return ferretdb_command(binary, port=port, state_dir=data_dir, postgresql_url=postgresql_url)
     return ferretdb_command(binary, port=port, state_dir=data_dir, sqlite_dir=data_dir)
@@ -101,6 +107,8 @@ class LocalServer:
             return [*self._extra_logs, self.data_dir / "mongod.log", self.data_dir / "mongod.stdout.log"]
         if self.backend.startswith("ferretdb"):
             return [*self._extra_logs, self.data_dir / "ferretdb.log"]
+        if self.backend == "javaserver":
+            return [*self._extra_logs, self.data_dir / "javaserver.log"]
         return list(self._extra_logs)
 
     def kill(self) -> None:
