@@ -81,13 +81,35 @@ def collection_names(config: RouterConfig) -> dict[str, str]:
 class Capabilities:
     """What a server can do; MongoDB-only steps check these instead of failing at random.
 
-    ``sharded`` is true for a mongos (``hello`` answers ``msg: "isdbgrid"``);
-    ``server`` is ``"ferretdb"`` or ``"mongodb"``.
+    ``sharded`` is true for a mongos (``hello`` answers ``msg: "isdbgrid"``).
+    ``server`` is ``"ferretdb"`` (``buildInfo`` has ``ferretdbVersion``),
+    ``"mongo-java-server"`` (``buildInfo`` has no ``gitVersion``, which every mongod and
+    mongos build reports, and ``serverStatus`` says ``process: "java"``) or ``"mongodb"``
+    (anything else). ``version`` is FerretDB's own version there, else ``buildInfo``'s
+    ``version`` (for mongo-java-server, the MongoDB version it imitates).
+
+    ``atomic_updates`` says whether the server applies one document's filter and update
+    as one step, so that concurrent ``update_one({..., "n": {"$lt": 50}}, {"$push": ...})``
+    calls on one document neither lose an append nor overshoot the filter. It follows
+    from ``server``: true for MongoDB and for mongo-java-server (each of its collections
+    applies writes one at a time), false for FerretDB (v1.24 reads the document, changes
+    it in Go and writes it back in another statement, so concurrent updates of one
+    document are lost; v2 is not tested here and is taken to be the same).
+
+    Example::
+
+        >>> Capabilities(sharded=False, server="ferretdb", version="v1.24.2").atomic_updates
+        False
     """
 
     sharded: bool
     server: str
     version: str
+    atomic_updates: bool = attrs.field()
+
+    @atomic_updates.default
+    def _atomic_updates_of_server(self) -> bool:
+        return self.server != "ferretdb"
 
 
 class Cluster:
@@ -145,7 +167,11 @@ class Cluster:
         self.call("ping", lambda: self.client.admin.command("ping"))
 
     def capabilities(self) -> Capabilities:
-        """Ask the server what it is (``hello``, or ``isMaster`` where ``hello`` is unknown, and ``buildInfo``)."""
+        """Ask the server what it is (``hello``, or ``isMaster`` where ``hello`` is unknown, and ``buildInfo``).
+
+        A server whose ``buildInfo`` lacks ``gitVersion`` (not a mongod or mongos build) is
+        also asked ``serverStatus``, to recognise mongo-java-server; see :class:`Capabilities`.
+        """
         try:
             hello = self.client.admin.command("hello")
         except OperationFailure as exc:
@@ -155,12 +181,23 @@ class Cluster:
         except PyMongoError as exc:
             raise self.error(exc, doing="hello") from exc
         info = self.call("buildInfo", lambda: self.client.admin.command("buildInfo"))
-        ferret = "ferretdbVersion" in info
-        return Capabilities(
-            sharded=hello.get("msg") == "isdbgrid",
-            server="ferretdb" if ferret else "mongodb",
-            version=str(info.get("ferretdbVersion") if ferret else info.get("version")),
-        )
+        if "ferretdbVersion" in info:
+            server, version = "ferretdb", info["ferretdbVersion"]
+        elif "gitVersion" not in info and self._process_kind() == "java":
+            server, version = "mongo-java-server", info.get("version")
+        else:
+            server, version = "mongodb", info.get("version")
+        return Capabilities(sharded=hello.get("msg") == "isdbgrid", server=server, version=str(version))
+
+    def _process_kind(self) -> str | None:
+        """``serverStatus``'s ``process`` (``mongod``, ``mongos``, ``java``), or None where it is refused."""
+        try:
+            status = self.client.admin.command("serverStatus")
+        except OperationFailure:  # e.g. not authorised: then it is not mongo-java-server, which has no users
+            return None
+        except PyMongoError as exc:
+            raise self.error(exc, doing="serverStatus") from exc
+        return str(status.get("process"))
 
     def metadata_documents(self) -> list[dict[str, Any]]:
         """Every document in this cluster's metadata collection (a valid cluster has one)."""
