@@ -8,13 +8,17 @@ edits) and both front doors follow the deadlines, and every insert follows the r
   default 10 s) from when it starts: every request it sends is bounded by what is
   left, retries and pauses included. Work that grows with the data (deletes and edits
   of many copies, fan-out batches) goes in steps, and each step gets its own
-  ``timeout``. A cluster that fails a step is asked nothing more in that call.
+  ``timeout``. A cluster that fails a step is asked nothing more in that call. A
+  request also waits at most its cluster's ``socketTimeoutMS`` for the answer (the
+  storage applies it, as pymongo ignores it under a deadline).
 * **What is retried.** Only a request that failed as :attr:`~Failure.retryable`
   (the connection broke mid-request, a step-down) and documents refused with a
   transient code (not primary, shutting down, interrupted), up to ``attempts`` tries
   in all, with exponential backoff from ``backoff`` (doubled each time, capped at
   :data:`BACKOFF_CAP`, jittered by ±50%), and never past the deadline. A timeout is
-  not retried: the time it had is spent.
+  not retried: the time it had is spent. That holds however it shows (the deadline or
+  the socket timeout ran out, pymongo cancelled the request as its monitor timed out,
+  or documents refused with :data:`TIMEOUT_WRITE_CODES`).
 * **Duplicates** (code 11000) are not errors here: each writer decides what one means
   (an earlier attempt of the same write, or a collision to resolve).
 
@@ -37,6 +41,7 @@ __all__ = [
     "CodeKind",
     "DUPLICATE_KEY",
     "RetryPolicy",
+    "TIMEOUT_WRITE_CODES",
     "TRANSIENT_WRITE_CODES",
     "code_kind",
     "deadline_in",
@@ -47,18 +52,23 @@ __all__ = [
 DUPLICATE_KEY = 11000
 #: Write error codes that mean "try again": not primary, step-down, shutdown, interrupted.
 TRANSIENT_WRITE_CODES = frozenset({91, 189, 10107, 11600, 11602, 13435, 13436})
+#: Write error codes that mean "the time ran out" (MaxTimeMSExpired): not retried.
+TIMEOUT_WRITE_CODES = frozenset({50})
 #: The longest pause between two tries, in seconds.
 BACKOFF_CAP = 5.0
 #: What a write error code means to a writer.
-CodeKind: TypeAlias = Literal["duplicate", "transient", "refused"]
+CodeKind: TypeAlias = Literal["duplicate", "transient", "timeout", "refused"]
 
 
 def code_kind(code: int | None) -> CodeKind:
-    """``duplicate`` for 11000, ``transient`` for the codes worth retrying, else ``refused``."""
+    """``duplicate`` for 11000, ``transient`` for the codes worth retrying, ``timeout`` for the time
+    running out, else ``refused``."""
     if code == DUPLICATE_KEY:
         return "duplicate"
     if code in TRANSIENT_WRITE_CODES:
         return "transient"
+    if code in TIMEOUT_WRITE_CODES:
+        return "timeout"
     return "refused"
 
 
