@@ -11,12 +11,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from router import Activity, FeedRouter, RouterConfig, RouterError, WriteFailed, data_key
+from router import Activity, FeedItem, FeedRouter, RouterConfig, RouterError, WriteFailed, data_key
 from router.observe.prometheus import PrometheusMetrics
 from router.testing.localservers import LocalClusters, LocalServer
 
-from .conftest import NAMES, NOW, P1, P2, register
+from .conftest import NAMES, NOW, P0, P1, P2, register
 from .test_faults import HANG, feed_items, in_thread, timed
+
+#: The calls' timeout in the page tests (clusters.yaml ``timeout``).
+TIMEOUT = timedelta(seconds=2)
+
 
 @pytest.fixture(scope="module")
 def own_servers() -> Iterator[LocalClusters]:
@@ -114,3 +118,53 @@ def test_a_request_cancelled_on_a_timeout_is_not_retried(
     assert sample(registry, "feedrouter_retries_total", cluster="cluster_2", op="insert.feed") == 0
     assert sample(registry, "feedrouter_requests_total", cluster="cluster_2", op="insert.feed", outcome="timeout") == 1
     assert elapsed < HANG
+
+
+#: The three periods' bounds, oldest first (the newest ends at the tests' "now").
+BOUNDS = (P0, P1, P2, NOW)
+
+
+def period_items(receiver: int, per_period: int) -> list[FeedItem]:
+    """*per_period* items for *receiver* in each of the three periods."""
+    out = []
+    for p, (start, end) in enumerate(zip(BOUNDS, BOUNDS[1:])):
+        span = (end - start) / (per_period + 1)
+        out += [FeedItem(receiver_id=receiver, sender_id=1, event_time=start + span * (i + 1), type=1,
+                         data={"n": p * 100 + i}, data_key=data_key("d", p * 100 + i)) for i in range(per_period)]
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"socketTimeoutMS": 1500}], ids=["default_socket_timeout", "socket_timeout_1.5s"])
+def test_a_hung_cluster_leaves_the_others_a_partial_page(
+    hung_router: Callable[..., tuple[FeedRouter, list[LocalServer]]], options: dict[str, Any]
+) -> None:
+    """timeout 2s, each cluster stopped in turn (newest, middle, oldest): the partial page holds the other two
+    clusters' items, names only the stopped one, and once it is back the next cursor yields its items exactly once.
+
+    Before, a stopped newest cluster used up the deadline: 0 items, all three clusters unavailable."""
+    router, servers = hung_router(timeout=TIMEOUT, **options)
+    per_period = 4  # a page of 10 needs all three clusters
+    for position in (2, 1, 0):  # cluster_3 (newest) first
+        receiver = 10 + position
+        items = period_items(receiver, per_period)
+        router.write_many(items)
+        hung = NAMES[position]
+        healthy = [it for it in items if not BOUNDS[position] <= it.event_time < BOUNDS[position + 1]]
+        servers[position].pause()
+        try:
+            page = in_thread(lambda: router.read(receiver, limit=10, on_unavailable="partial"))
+        finally:
+            servers[position].resume()
+        assert page.partial and page.unavailable == (hung,), (hung, page.unavailable)
+        newest_first = sorted(healthy, key=lambda it: it.event_time, reverse=True)
+        assert [it.data["n"] for it in page.items] == [it.data["n"] for it in newest_first], hung
+        assert hung not in page.sources and page.next_cursor is not None
+        seen = list(page.items)
+        cursor = page.next_cursor
+        while cursor is not None:
+            later = in_thread(lambda: router.read(receiver, limit=10, cursor=cursor, on_unavailable="partial"))
+            assert not later.partial, (hung, later.unavailable)
+            seen += later.items
+            cursor = later.next_cursor
+        assert sorted(it.data["n"] for it in seen) == sorted(it.data["n"] for it in items), hung
+        assert len({it.id for it in seen}) == len(items)
