@@ -35,6 +35,7 @@ from ..ids import copy_ids
 from ..model import ID_RULE, FeedItem, Page, is_id
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
+from .policy import turn_deadline
 from .steps import Concurrently, Failure, Find, Program, Report
 
 __all__ = ["PAGE_SORT", "ReadPlan", "read_program"]
@@ -92,9 +93,11 @@ def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
     return answer
 
 
-def _inbox_only(plan: ReadPlan, cluster: str, position: Position | None, need: int) -> Program[_Fetched | Failure]:
+def _inbox_only(
+    plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
+) -> Program[_Fetched | Failure]:
     docs = yield Find(
-        cluster, "feed", {"receiver_id": plan.receiver_id, **_older(position)}, plan.deadline, sort=PAGE_SORT, limit=need
+        cluster, "feed", {"receiver_id": plan.receiver_id, **_older(position)}, deadline, sort=PAGE_SORT, limit=need
     )
     if isinstance(docs, Failure):
         return docs
@@ -122,16 +125,18 @@ def _pulled_entries(plan: ReadPlan, docs: list[dict[str, Any]]) -> list[_Entry]:
     return entries
 
 
-def _with_pull(plan: ReadPlan, cluster: str, position: Position | None, need: int) -> Program[_Fetched | Failure]:
+def _with_pull(
+    plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
+) -> Program[_Fetched | Failure]:
     skip = position.skip if position is not None else 0
     senders: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}}
     outbox_filter: dict[str, Any] = dict(senders)
     if position is not None:
         outbox_filter["event_time"] = {"$lte": position.event_time}
     inbox_request = Find(
-        cluster, "feed", {"receiver_id": plan.receiver_id, **_older(position)}, plan.deadline, sort=PAGE_SORT, limit=need
+        cluster, "feed", {"receiver_id": plan.receiver_id, **_older(position)}, deadline, sort=PAGE_SORT, limit=need
     )
-    outbox_request = Find(cluster, "outbox", outbox_filter, plan.deadline, sort=PAGE_SORT, limit=need + skip)
+    outbox_request = Find(cluster, "outbox", outbox_filter, deadline, sort=PAGE_SORT, limit=need + skip)
     inbox, outbox = yield Concurrently([_find(inbox_request), _find(outbox_request)], [cluster, cluster])
     for answer in (inbox, outbox):
         if isinstance(answer, Failure):
@@ -154,7 +159,7 @@ def _with_pull(plan: ReadPlan, cluster: str, position: Position | None, need: in
             break
         if not whole_group:
             # More than a page of pulled entries share the millisecond outbox_floor: fetch all of it.
-            group = yield Find(cluster, "outbox", {**senders, "event_time": outbox_floor}, plan.deadline, sort=PAGE_SORT)
+            group = yield Find(cluster, "outbox", {**senders, "event_time": outbox_floor}, deadline, sort=PAGE_SORT)
             if isinstance(group, Failure):
                 return group
             known = {d["_id"] for d in outbox}
@@ -163,7 +168,7 @@ def _with_pull(plan: ReadPlan, cluster: str, position: Position | None, need: in
             continue
         # That whole millisecond was served already (entries published there after the cursor was made, under keys
         # it had passed, pushed the rest out of the answer): go on below it.
-        lower = yield Find(cluster, "outbox", {**senders, "event_time": {"$lt": outbox_floor}}, plan.deadline,
+        lower = yield Find(cluster, "outbox", {**senders, "event_time": {"$lt": outbox_floor}}, deadline,
                            sort=PAGE_SORT, limit=need)
         if isinstance(lower, Failure):
             return lower
@@ -193,14 +198,21 @@ def _merge(inbox: list[_Entry], pulled: list[_Entry], position: Position | None)
     return out
 
 
-def _fetch(plan: ReadPlan, cluster: str, position: Position | None, need: int) -> Program[_Fetched | Failure]:
+def _fetch(plan: ReadPlan, cluster: str, position: Position | None, need: int, *, others: int) -> Program[_Fetched | Failure]:
+    """What *cluster* gives towards the page, in its turn: while *others* clusters may still be asked after it,
+    a partial page gives it only its share of the deadline (:func:`~router.core.policy.turn_deadline`)."""
+    deadline = turn_deadline(plan.deadline, others=others) if plan.on_unavailable == "partial" else plan.deadline
     if plan.pull:
-        return (yield from _with_pull(plan, cluster, position, need))
-    return (yield from _inbox_only(plan, cluster, position, need))
+        return (yield from _with_pull(plan, cluster, position, need, deadline))
+    return (yield from _inbox_only(plan, cluster, position, need, deadline))
 
 
 def read_program(plan: ReadPlan) -> Program[Page]:
-    """One page: clusters owed by an earlier partial page first, then the main walk, newest cluster first."""
+    """One page: clusters owed by an earlier partial page first, then the main walk, newest cluster first.
+
+    With ``on_unavailable="partial"`` each cluster asked gets its turn's share of the
+    deadline, so a hung cluster leaves time for the ones after it (see :mod:`router.core.policy`).
+    """
     limit = plan.limit
     entries: list[_Entry] = []
     sources: list[str] = []
@@ -220,29 +232,30 @@ def read_program(plan: ReadPlan) -> Program[Page]:
         unavailable.append(cluster)
         owed.append((cluster, position))
 
-    for cluster, position in plan.state.pending:  # clusters skipped earlier while down
+    main, done = plan.state.position, plan.state.done
+    names = [] if done else plan.timemap.clusters_for_read(
+        now=plan.now, window=plan.window, before=main.event_time if main is not None else None
+    )
+    pending = plan.state.pending
+    for i, (cluster, position) in enumerate(pending):  # clusters skipped earlier while down
         if len(entries) >= limit:
             owed.append((cluster, position))
             continue
-        answer = yield from _fetch(plan, cluster, position, limit - len(entries))
+        answer = yield from _fetch(plan, cluster, position, limit - len(entries), others=len(pending) - i - 1 + len(names))
         if isinstance(answer, Failure):
             failed(cluster, answer, position)
             continue
         take(cluster, answer)
         if answer.more:
             owed.append((cluster, answer.last))
-    main, done = plan.state.position, plan.state.done
     if not done:
-        names = plan.timemap.clusters_for_read(
-            now=plan.now, window=plan.window, before=main.event_time if main is not None else None
-        )
         done = True
         last: Position | None = None
-        for cluster in names:
+        for j, cluster in enumerate(names):
             if len(entries) >= limit:
                 done = False
                 break
-            answer = yield from _fetch(plan, cluster, main, limit - len(entries))
+            answer = yield from _fetch(plan, cluster, main, limit - len(entries), others=len(names) - j - 1)
             if isinstance(answer, Failure):
                 failed(cluster, answer, main)
                 continue

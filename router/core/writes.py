@@ -190,6 +190,8 @@ def insert_program(
                 duplicate.append(p)
             elif kind == "transient":
                 transient.append(p)
+            elif kind == "timeout":  # not retried: its time is spent; not refused for itself either
+                failed[p] = ClusterUnavailable(cluster, f"insert timed out: {error.message[:200]}")
             else:
                 failed[p] = ItemRefused(cluster, error.code, error.message[:200])
         again: list[int] = []

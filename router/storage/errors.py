@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pymongo.errors import AutoReconnect, ConnectionFailure, InvalidOperation, OperationFailure, ServerSelectionTimeoutError
+from pymongo.errors import _OperationCancelled  # private, but the only sign of a request cancelled on a timeout
 
 from ..core.policy import TRANSIENT_WRITE_CODES
 from ..core.steps import Failure, FailureKind
@@ -28,6 +29,9 @@ def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Seque
     *secrets* (the cluster's configured password) are masked word for word as well.
     Raise it ``from exc`` so the driver's traceback stays attached.
     """
+    if isinstance(exc, _OperationCancelled):  # pymongo's own words ("operation cancelled") hide the cause
+        return ClusterUnavailable(cluster, f"{doing} timed out: the cluster stopped answering pymongo's monitor, "
+                                           "which cancelled the request")
     text = redact_uri(str(exc).split("\n", 1)[0])
     for secret in secrets:
         if secret:
@@ -37,10 +41,21 @@ def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Seque
     return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Did *exc* end a request because the cluster did not answer in time?
+
+    ``PyMongoError.timeout``: the socket timeout or the deadline ran out (``NetworkTimeout``,
+    ``ExecutionTimeout``, a write concern's ``wtimeout``). pymongo also *cancels* the requests in
+    flight on a cluster whose monitor's heartbeat hit a ``NetworkTimeout`` (``interrupt_connections``):
+    that ``AutoReconnect`` says nothing of a timeout, but a timeout is its only cause.
+    """
+    return bool(getattr(exc, "timeout", False)) or isinstance(exc, _OperationCancelled)
+
+
 def _kind(exc: BaseException) -> FailureKind:
     if isinstance(exc, ServerSelectionTimeoutError):
         return "unavailable"
-    if getattr(exc, "timeout", False):  # PyMongoError.timeout: the socket timeout or the deadline ran out
+    if _timed_out(exc):  # before AutoReconnect: NetworkTimeout is one, and a timeout is not retried
         return "timeout"
     if isinstance(exc, AutoReconnect):  # connection lost mid-request, not primary, step-down
         return "transient"

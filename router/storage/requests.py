@@ -89,12 +89,17 @@ def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Ev
 def time_left(request: IORequest, client: Any) -> float:
     """The time this request may take: what is left before its deadline (zero or less: do not send it).
 
-    Under ``pymongo.timeout`` pymongo waits for a server until the deadline, ignoring
-    ``serverSelectionTimeoutMS``. While the client knows no server it could write to (the
-    cluster is down, or not reached yet), the wait is capped at that setting again, so a
-    dead cluster costs what the configuration says and leaves the rest of the call its time.
+    Under ``pymongo.timeout`` pymongo ignores ``socketTimeoutMS`` and ``serverSelectionTimeoutMS``
+    and waits until the deadline. Both are applied here again: no request waits longer than
+    its cluster's ``socketTimeoutMS`` (when set), so a hung cluster fails in the time the
+    configuration says, as a timeout; and while the client knows no server it could write
+    to (the cluster is down, or not reached yet), the wait is capped at
+    ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
     """
     left = request.deadline - time.monotonic()
+    socket_timeout: float | None = client.options.pool_options.socket_timeout
+    if socket_timeout:
+        left = min(left, socket_timeout)
     if not client.topology_description.has_writable_server():
         return min(left, float(client.options.server_selection_timeout))
     return left
