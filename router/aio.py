@@ -283,12 +283,13 @@ class AsyncFeedRouter:
     async def backfill(
         self, receiver_id: int | str, senders: Sequence[int | str], *, since: datetime | None = None, limit: int = 200,
     ) -> BackfillResult:
-        """Copy the senders' newest outbox entries into *receiver_id*'s feed (see ``FeedRouter.backfill``)."""
+        """Copy the senders' newest outbox entries into *receiver_id*'s feed; at most ``read.max_pull`` senders
+        (see ``FeedRouter.backfill``)."""
         return await self._run("backfill", lambda v: calls.backfill(v, receiver_id, senders, since=since, limit=limit))
 
     async def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
         """Copy a newly followed sender's newest posts into *receiver_id*'s feed (see ``FeedRouter.follow``)."""
-        return await self.backfill(receiver_id, [sender_id], limit=limit)
+        return await self._run("backfill", lambda v: calls.follow(v, receiver_id, sender_id, limit=limit))
 
     async def publish(
         self, activity: Activity, followers: Receivers, *, active: calls.Active | None = None,
