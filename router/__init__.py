@@ -42,6 +42,7 @@ from .errors import (
     StaleMetadata,
     UpdateFailed,
     WriteFailed,
+    WrongEventLoop,
 )
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle
 from .fanout.threads import FanOutExecutor, FanOutHandle
@@ -91,6 +92,7 @@ __all__ = [
     "TimeMap",
     "UpdateFailed",
     "WriteFailed",
+    "WrongEventLoop",
     "__version__",
     "copy_id",
     "data_key",

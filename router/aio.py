@@ -34,7 +34,7 @@ from .core.social import BackfillResult, PublishResult, choose_path, store_outbo
 from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
-from .errors import RouterClosed, RouterError, WriteFailed
+from .errors import RouterClosed, RouterError, WriteFailed, WrongEventLoop
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
@@ -62,6 +62,10 @@ class AsyncFeedRouter:
     and loads the time map, failing on a bad configuration or metadata. A task reloads
     the map every ``refresh_interval`` (``refresh=False`` turns it off) until
     :meth:`close`. Calls before :meth:`start` or after :meth:`close` raise :class:`RouterClosed`.
+
+    The router belongs to the event loop that started it (its clients do): awaiting any
+    of its coroutines from another loop, or after that loop ended, raises
+    :class:`WrongEventLoop` before anything is sent. Start one router per event loop.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class AsyncFeedRouter:
         self._idle: asyncio.Event | None = None
         self._closed = False
         self._fanouts: AsyncFanOutExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_yaml(
@@ -96,9 +101,15 @@ class AsyncFeedRouter:
                    event_listeners=event_listeners, metrics=metrics, tracer_provider=tracer_provider)
 
     async def start(self) -> AsyncFeedRouter:
-        """Connect to every cluster and load the time map; start the refresh task. Returns the router."""
+        """Connect to every cluster and load the time map; start the refresh task. Returns the router.
+
+        The running event loop becomes the router's own (see :class:`WrongEventLoop`).
+        """
+        if self._loop is not None:
+            self._on_loop("start")
         if self._clusters is not None:
             return self
+        self._loop = asyncio.get_running_loop()
         self._refresh_lock = asyncio.Lock()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -126,6 +137,19 @@ class AsyncFeedRouter:
         await self.close()
 
     # -- state -------------------------------------------------------------------------
+
+    def _on_loop(self, name: str) -> None:
+        """Raise :class:`WrongEventLoop` unless this runs on the loop that started the router (no I/O happens first)."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self._loop is not None and running is not self._loop:
+            ended = " (that loop is closed)" if self._loop.is_closed() else ""
+            raise WrongEventLoop(
+                f"{name}(): this AsyncFeedRouter belongs to the event loop that started it{ended}; it cannot be used "
+                "from another event loop: start one router per loop"
+            )
 
     def _started(self, name: str) -> tuple[AsyncClusters, Routing]:
         if self._closed:
@@ -163,6 +187,7 @@ class AsyncFeedRouter:
 
     def _view(self, name: str) -> calls.View:
         clusters, routing = self._started(name)
+        self._on_loop(name)
         return calls.View(self.config, self.settings, routing, tuple(clusters.names), self._clock())
 
     async def _run(self, name: str, build: Callable[[calls.View], Program[T]]) -> T:
@@ -193,6 +218,7 @@ class AsyncFeedRouter:
     async def refresh(self) -> TimeMap:
         """Reload every cluster's metadata; the old map stays in use if this raises (see ``FeedRouter.refresh``)."""
         self._started("refresh")
+        self._on_loop("refresh")
         self._enter()
         try:
             with self._observe.call("refresh"):
@@ -231,6 +257,7 @@ class AsyncFeedRouter:
 
     async def stop_refresh(self) -> None:
         """Stop the background refresh (the map stays as it is)."""
+        self._on_loop("stop_refresh")
         task, self._refresher = self._refresher, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -283,12 +310,14 @@ class AsyncFeedRouter:
     async def backfill(
         self, receiver_id: int | str, senders: Sequence[int | str], *, since: datetime | None = None, limit: int = 200,
     ) -> BackfillResult:
-        """Copy the senders' newest outbox entries into *receiver_id*'s feed (see ``FeedRouter.backfill``)."""
+        """Copy the senders' newest outbox entries into *receiver_id*'s feed; at most ``read.max_pull`` senders
+        (see ``FeedRouter.backfill``)."""
         return await self._run("backfill", lambda v: calls.backfill(v, receiver_id, senders, since=since, limit=limit))
 
     async def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
         """Copy a newly followed sender's newest posts into *receiver_id*'s feed (see ``FeedRouter.follow``)."""
-        return await self.backfill(receiver_id, [sender_id], limit=limit)
+        self._on_loop("follow")
+        return await self._run("backfill", lambda v: calls.follow(v, receiver_id, sender_id, limit=limit))
 
     async def publish(
         self, activity: Activity, followers: Receivers, *, active: calls.Active | None = None,
@@ -300,6 +329,7 @@ class AsyncFeedRouter:
         *followers* may be an async iterable; with a pull threshold and no ``pull=``, at most
         threshold + 1 of them are read to decide, as the sync door does for a stream.
         """
+        self._on_loop("publish")
         with self._observe.call("publish"):
             return await self._publish(activity, followers, active=active, pull=pull, background=background,
                                        batch_size=batch_size, concurrency=concurrency, job_id=job_id)
@@ -347,6 +377,7 @@ class AsyncFeedRouter:
         At most ``concurrency`` batches are in flight (an asyncio semaphore);
         ``background=True`` returns an :class:`~router.fanout.tasks.AsyncFanOutHandle` at once.
         """
+        self._on_loop("fan_out")
         with self._observe.call("fan_out"):
             slots = calls.concurrency(concurrency)
             job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
@@ -381,6 +412,7 @@ class AsyncFeedRouter:
         fan-outs between batches (resumable), stop the refresh task, close every client."""
         if self._closed:
             return
+        self._on_loop("close")
         self._closed = True
         if self._fanouts is not None:
             await self._fanouts.close(drain=False)

@@ -15,7 +15,7 @@ Example file::
       max_age: 400d                # and/or periods that ended less than 400 days ago
     read:
       on_unavailable: raise        # or partial: serve what the reachable clusters hold
-      max_pull: 1000               # the most senders one read may pull from outboxes
+      max_pull: 1000               # the most senders one read may pull from outboxes, or one backfill copy from
     fanout:
       pull_threshold: 100000       # publish(): authors with more followers are pulled, not pushed
     write:

@@ -33,6 +33,7 @@ __all__ = [
     "ItemRefused",
     "RouterClosed",
     "UpdateFailed",
+    "WrongEventLoop",
 ]
 
 
@@ -145,6 +146,14 @@ class ItemRefused(InvalidItem):
 
 class RouterClosed(RouterError):
     """Raised by a call made after ``close()`` began; calls already running when it began complete first."""
+
+
+class WrongEventLoop(RouterError, RuntimeError):
+    """Raised when an ``AsyncFeedRouter`` is awaited outside the event loop that started it.
+
+    Its clients belong to that loop: a call from another loop, or after that loop ended,
+    is refused before anything is sent. Start one router per event loop.
+    """
 
 
 class InvalidCursor(RouterError, ValueError):

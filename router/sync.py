@@ -293,13 +293,15 @@ class FeedRouter:
         """Copy the senders' newest outbox entries (newer than *since*, at most *limit*) into *receiver_id*'s feed.
 
         Rebuilds a dormant user's inbox on return. Copies have fan-out's ids, so running it
-        again, or while a fan-out of the same post runs, leaves one copy each.
+        again, or while a fan-out of the same post runs, leaves one copy each. At most
+        ``read.max_pull`` distinct senders (default 1,000) per call: more is
+        :class:`InvalidItem` (``senders: at most 1000 senders per backfill ...``).
         """
         return self._run("backfill", calls.backfill(self._view(), receiver_id, senders, since=since, limit=limit))
 
     def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
         """Copy the *limit* newest posts of a newly followed *sender_id* into *receiver_id*'s feed (a :meth:`backfill`)."""
-        return self.backfill(receiver_id, [sender_id], limit=limit)
+        return self._run("backfill", calls.follow(self._view(), receiver_id, sender_id, limit=limit))
 
     @overload
     def publish(

@@ -23,11 +23,11 @@ from ..cursor import CursorState, check_state, decode_state
 from ..errors import InvalidItem
 from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
 from .checkpoint import JobStatus, job_status, read_batches
-from .checks import check_data
+from .checks import check_data, check_senders
 from .edits import delete_program, unfollow_program, update_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
 from .policy import deadline_in
-from .reads import ReadPlan, check_pull, read_program
+from .reads import ReadPlan, read_program
 from .routing import Routing
 from .settings import MAX_PAGE, Settings
 from .social import MAX_BACKFILL, BackfillResult, backfill_program
@@ -35,9 +35,8 @@ from .steps import Concurrently, Failure, Find, Program
 from .writes import write_program
 
 __all__ = [
-    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "fan_out_status", "plan_fan_out", "read",
-    "unfollow",
-    "update", "write_many",
+    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "fan_out_status", "follow", "plan_fan_out",
+    "read", "unfollow", "update", "write_many",
 ]
 
 #: Which receivers get a copy: a predicate, or a container (usually a set) of active ids.
@@ -96,7 +95,7 @@ def read(
     plan = ReadPlan(
         receiver_id=receiver, limit=limit, state=state, timemap=timemap, now=view.now, window=view.config.read_window,
         on_unavailable=policy, deadline=deadline_in(view.settings.timeout),
-        pull=check_pull(pull, limit=view.settings.max_pull),
+        pull=check_senders(pull, field="pull", limit=view.settings.max_pull, per="read"),
     )
     return read_program(plan)
 
@@ -125,16 +124,25 @@ def unfollow(view: View, receiver_id: object, sender_id: object) -> Program[int]
 def backfill(
     view: View, receiver_id: object, senders: Sequence[object], *, since: datetime | None = None, limit: object = 200,
 ) -> Program[BackfillResult]:
-    """``backfill``/``follow``: the senders' newest outbox entries copied into the receiver's feed."""
+    """``backfill``: the senders' newest outbox entries copied into the receiver's feed.
+
+    At most ``read.max_pull`` distinct senders (the same bound as a pulled read's).
+    """
     receiver = _receiver(receiver_id)
-    if isinstance(senders, (str, bytes)) or not isinstance(senders, Sequence) or not senders:
+    chosen = check_senders(senders, field="senders", limit=view.settings.max_pull, per="backfill")
+    if not chosen:
         raise InvalidItem("senders", f"must be a non-empty list of sender ids (got {senders!r:.80})")
-    chosen = check_pull(senders, limit=view.settings.max_pull)
     count = positive_int("limit", limit, maximum=MAX_BACKFILL)
     return backfill_program(
         receiver, chosen, timemap=view.routing.timemap, now=view.now, window=view.config.read_window, since=since,
         limit=count, policy=view.settings.write.policy, timeout=view.settings.timeout,
     )
+
+
+def follow(view: View, receiver_id: object, sender_id: object, *, limit: object = 50) -> Program[BackfillResult]:
+    """``follow``: a :func:`backfill` of one newly followed sender, whose errors name ``sender_id``."""
+    receiver, sender = _receiver(receiver_id), _receiver(sender_id, "sender_id")
+    return backfill(view, receiver, [sender], limit=limit)
 
 
 def active_filter(active: object) -> Callable[[Any], bool] | None:

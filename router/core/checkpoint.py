@@ -74,7 +74,7 @@ def record_batch(job: FanOutJob, outcome: BatchOutcome, timeout: float) -> Progr
             error = answer.error
     if error is not None:
         log.warning("fan-out %r: batch %d: saving the checkpoint failed (a resume redoes it, harmlessly): %s",
-                    job.job_id, outcome.number, error)
+                    job.job_id, outcome.number, error, extra=job.log_extra)
     return error
 
 
@@ -156,7 +156,7 @@ def finish_checkpoint(
         fields["batches_total"] = total
     answer = yield Update(job.cluster, "fanouts", {"_id": job.job_id}, {"$set": fields}, deadline_in(timeout), one=True)
     if isinstance(answer, Failure):
-        log.warning("fan-out %r: saving its final state failed: %s", job.job_id, answer.error)
+        log.warning("fan-out %r: saving its final state failed: %s", job.job_id, answer.error, extra=job.log_extra)
         return answer.error
     return None
 

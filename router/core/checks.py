@@ -16,7 +16,7 @@ Together these keep every stored document under MongoDB's 16 MiB limit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -227,4 +227,25 @@ def receiver_problem(value: object) -> str | None:
     return None if is_id(value) else f"{ID_RULE} (got {value!r:.80})"
 
 
-__all__ += ["check_activity", "receiver_problem"]
+def check_senders(senders: object, *, field: str, limit: int, per: str) -> tuple[int | str, ...]:
+    """The sender ids of argument *field* as a sorted tuple without repeats (``None``: none).
+
+    :class:`InvalidItem` names the argument as the caller gave it: ``pull[1]: ...`` for a
+    read, ``senders[0]: ...`` for a backfill; more than *limit* distinct senders (the
+    configured ``read.max_pull``) is refused as ``<field>: at most <limit> senders per <per>``.
+    """
+    if senders is None:
+        return ()
+    if isinstance(senders, (str, bytes)) or not isinstance(senders, Sequence):
+        raise InvalidItem(field, f"must be a list of sender ids (got {type(senders).__name__})")
+    chosen: set[int | str] = set()
+    for i, sender in enumerate(senders):
+        if not is_id(sender):
+            raise InvalidItem(f"{field}[{i}]", f"{ID_RULE} (got {sender!r:.80})")
+        chosen.add(sender)
+    if len(chosen) > limit:
+        raise InvalidItem(field, f"at most {limit} senders per {per} (read.max_pull in clusters.yaml) (got {len(chosen)})")
+    return tuple(sorted(chosen, key=lambda s: (isinstance(s, str), s)))
+
+
+__all__ += ["check_activity", "check_senders", "receiver_problem"]

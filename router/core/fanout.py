@@ -92,6 +92,11 @@ class FanOutJob:
     batch_size: int
 
     @property
+    def log_extra(self) -> dict[str, str]:
+        """``job_id`` and ``cluster``: the ``extra=`` of every log record about this job."""
+        return {"job_id": self.job_id, "cluster": self.cluster}
+
+    @property
     def seconds(self) -> int:
         """The event second every copy's ``_id`` carries."""
         return int(self.activity.event_time.timestamp())
@@ -257,7 +262,7 @@ def batch_program(
             yield Report(Event("fanout_copies", count, cluster=job.cluster, outcome=outcome_name))
     if invalid:
         log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0],
-                    extra={"cluster": job.cluster, "job_id": job.job_id})
+                    extra=job.log_extra)
     if record:
         trouble = yield from record_batch(job, outcome, timeout)
         if trouble is not None:

@@ -22,7 +22,6 @@ lies behind the cursor, the entries below it with a third).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -30,9 +29,8 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position, encode_state
-from ..errors import InvalidItem
 from ..ids import copy_ids
-from ..model import ID_RULE, FeedItem, Page, is_id
+from ..model import FeedItem, Page
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
 from .policy import turn_deadline
@@ -274,22 +272,3 @@ def read_program(plan: ReadPlan) -> Program[Page]:
         items=tuple(e.item for e in entries), next_cursor=next_cursor, sources=tuple(sources), queried=tuple(queried),
         partial=bool(unavailable), unavailable=tuple(unavailable), pulled=tuple(e.pulled for e in entries),
     )
-
-
-def check_pull(pull: Sequence[object] | None, *, limit: int) -> tuple[int | str, ...]:
-    """The pulled senders as a sorted tuple without repeats; :class:`InvalidItem` for a bad id or too many."""
-    if pull is None:
-        return ()
-    if isinstance(pull, (str, bytes)) or not isinstance(pull, Sequence):
-        raise InvalidItem("pull", f"must be a list of sender ids (got {type(pull).__name__})")
-    senders: set[int | str] = set()
-    for i, sender in enumerate(pull):
-        if not is_id(sender):
-            raise InvalidItem(f"pull[{i}]", f"{ID_RULE} (got {sender!r:.80})")
-        senders.add(sender)
-    if len(senders) > limit:
-        raise InvalidItem("pull", f"at most {limit} senders per read (read.max_pull in clusters.yaml) (got {len(senders)})")
-    return tuple(sorted(senders, key=lambda s: (isinstance(s, str), s)))
-
-
-__all__ += ["check_pull"]

@@ -78,6 +78,12 @@ class Failure:
         """True for the one kind worth trying again within the deadline."""
         return self.kind == "transient"
 
+    @property
+    def cluster_down(self) -> bool:
+        """True when the cluster gave no answer (``transient``, ``timeout``, ``unavailable``); False when it answered
+        with a refusal (``refused``, ``too_large``)."""
+        return self.kind in ("transient", "timeout", "unavailable")
+
 
 @attrs.frozen(slots=True)
 class Find:

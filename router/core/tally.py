@@ -176,6 +176,17 @@ class RunState:
     def cancel(self) -> None:
         self.cancelled = self.stopping = True
 
+    def not_started(self, trouble: BaseException) -> None:
+        """Log that the run could not open its checkpoint (the engine re-raises *trouble*)."""
+        log.error("fan-out %r could not start: %s", self.job.job_id, trouble, extra=self.job.log_extra)
+
+    def started(self, done: set[int], *, concurrency: int) -> None:
+        """Log the start of the run, its checkpoint opened with the batches in *done* already written."""
+        job = self.job
+        log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
+                 job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
+                 concurrency, len(done), extra=job.log_extra)
+
     def stop(self, trouble: BaseException, *, raised: bool) -> None:
         """Stop sending batches, keeping the first trouble of each kind."""
         with self.lock:
@@ -201,7 +212,7 @@ class RunState:
             self.tally.add(outcome)
         if outcome.stopped is not None:
             log.error("fan-out %r: batch %d: %d receivers not written: %s", self.job.job_id, outcome.number,
-                      len(outcome.failed_receivers), outcome.stopped.error)
+                      len(outcome.failed_receivers), outcome.stopped.error, extra=self.job.log_extra)
             self.stop(outcome.stopped.error, raised=False)
 
     def finish(self, *, read_all: bool, opened: bool, total: int, timeout: float) -> Program[FanOutResult]:
@@ -232,14 +243,16 @@ class RunState:
             self.tally.finished = time.monotonic()
             result = self.tally.result(job.job_id, job.cluster, complete=complete, cancelled=cancelled)
         if self.raised is not None:
-            log.error("fan-out %r stopped: %s: %s", job.job_id, type(self.raised).__name__, self.raised, exc_info=self.raised)
+            log.error("fan-out %r stopped: %s: %s", job.job_id, type(self.raised).__name__, self.raised, exc_info=self.raised,
+                      extra=job.log_extra)
             raise self.raised
         if not result.ok:
             failure = FanOutFailed(result)
-            log.error("%s", failure)
+            log.error("%s", failure, extra=job.log_extra)
             raise failure
         log.info("fan-out %r done in %.1f s: %d written, %d already present, %d skipped, %d in batches done earlier",
-                 job.job_id, result.elapsed_seconds, result.written, result.already_present, result.skipped, result.resumed)
+                 job.job_id, result.elapsed_seconds, result.written, result.already_present, result.skipped, result.resumed,
+                 extra=job.log_extra)
         return result
 
 

@@ -309,7 +309,8 @@ def prepare_or_stale(items: Sequence[FeedItem], routing: Routing) -> Prepared:
 
 def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSettings, *, indexed: bool) -> Program[list[ObjectId]]:
     """Write *items*: prepare them all (refreshing once past the horizon), then insert each cluster's share
-    concurrently. Returns the ids in input order, or raises :class:`WriteFailed` naming every unwritten index."""
+    concurrently. Returns the ids in input order, or raises :class:`WriteFailed` naming every unwritten index
+    (after one error record per cluster with unwritten items, ``cluster`` on the record)."""
     def where(past: PastHorizon) -> tuple[datetime, str]:
         return items[past.index or 0].event_time, f"items[{past.index}].event_time" if indexed else "event_time"
 
@@ -329,12 +330,13 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
         failed.update(cluster_failed)
         for i, oid in renamed.items():
             ids[i] = oid
-        stored = len(prepared.batches[name][0]) - len(cluster_failed)
-        yield Report(Event("items", stored, cluster=name, outcome="written"))
+        share = len(prepared.batches[name][0])
+        yield Report(Event("items", share - len(cluster_failed), cluster=name, outcome="written"))
         if cluster_failed:
             yield Report(Event("items", len(cluster_failed), cluster=name, outcome="failed"))
+            first = min(cluster_failed)
+            log.error("%d of %d items for cluster %s not written; items[%d]: %s", len(cluster_failed), share, name, first,
+                      cluster_failed[first], extra={"cluster": name})
     if failed:
-        error = WriteFailed(failed, ids)
-        log.error("%s", error)
-        raise error
+        raise WriteFailed(failed, ids)
     return ids

@@ -304,7 +304,7 @@ def write_batch(
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {trouble}") from trouble
     log.info("fan-out %r: batch %d%s: %d written, %d already present, %d skipped, %d failed", fanout.job_id, number,
              " (delivered again)" if redelivered else "", outcome.written, outcome.already_present, outcome.skipped,
-             outcome.failed, extra={"cluster": fanout.cluster, "job_id": fanout.job_id})
+             outcome.failed, extra=fanout.log_extra)
     return outcome
 
 
@@ -365,7 +365,8 @@ def publish_fan_out(
     side_done = router.clusters.run(open_checkpoint(side, timeout=timeout)) if side is not None else set()
     payloads = [j.to_json() for j in jobs]
     log.info("fan-out %r: publishing to cluster %r in batches of %d%s; %d batches done earlier", job.job_id, job.cluster,
-             job.batch_size, f", inactive receivers as {side.job_id!r}" if side else "", len(done) + len(side_done))
+             job.batch_size, f", inactive receivers as {side.job_id!r}" if side else "", len(done) + len(side_done),
+             extra=job.log_extra)
     total = sent = resumed = read = 0
     try:
         with app.producer_or_acquire() as producer:
@@ -381,17 +382,19 @@ def publish_fan_out(
         text = f"{type(exc).__name__}: {exc}"
         for j in jobs:
             router.clusters.run(finish_checkpoint(j, status="failed", total=None, error=text[:1000], timeout=timeout))
-        log.error("fan-out %r: publishing stopped after %d batches (%d tasks sent): %s", job.job_id, total, sent, text)
+        log.error("fan-out %r: publishing stopped after %d batches (%d tasks sent): %s", job.job_id, total, sent, text,
+                  extra=job.log_extra)
         raise
     for j in jobs:
         error = router.clusters.run(finish_checkpoint(j, status="published", total=total, error=None, timeout=timeout))
         if error is not None:  # the tasks are out; only the status lacks its total until published again
-            log.warning("fan-out %r: %d batches published, but the total was not recorded: %s", j.job_id, total, error)
+            log.warning("fan-out %r: %d batches published, but the total was not recorded: %s", j.job_id, total, error,
+                        extra=j.log_extra)
     published = Published(job_id=job.job_id, cluster=job.cluster, inactive_job_id=side.job_id if side else None,
                           batches_total=total, tasks_sent=sent, batches_resumed=resumed, receivers=read,
                           elapsed_seconds=time.monotonic() - started)
     log.info("fan-out %r: published %d tasks for %d receivers in %.1f s (%d batches done earlier)", job.job_id, sent, read,
-             published.elapsed_seconds, resumed)
+             published.elapsed_seconds, resumed, extra=job.log_extra)
     return published
 
 

@@ -93,11 +93,9 @@ class AsyncFanOutRun(RunState):
         try:
             done = await self.clusters.run(open_checkpoint(job, timeout=self.timeout))
         except BaseException as exc:
-            log.error("fan-out %r could not start: %s", job.job_id, exc)
+            self.not_started(exc)
             raise
-        log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
-                 job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
-                 self.concurrency, len(done))
+        self.started(done, concurrency=self.concurrency)
         self.clusters.record(Event("fanout_jobs", 1))
         try:
             return await self._run_batches(planned, done)
@@ -229,6 +227,7 @@ class AsyncFanOutExecutor:
         if not drain:
             for handle in handles:
                 if handle.cancel():
-                    log.warning("fan-out %r cancelled by close(); run it again to resume", handle.job_id)
+                    log.warning("fan-out %r cancelled by close(); run it again to resume", handle.job_id,
+                                extra=handle._run.job.log_extra)
         if handles:
             await asyncio.gather(*(h._task for h in handles), return_exceptions=True)

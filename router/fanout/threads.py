@@ -60,11 +60,9 @@ class FanOutRun(RunState):
         try:
             done = self.clusters.run(open_checkpoint(job, timeout=self.timeout))
         except BaseException as exc:
-            log.error("fan-out %r could not start: %s", job.job_id, exc)
+            self.not_started(exc)
             raise
-        log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
-                 job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
-                 self.concurrency, len(done))
+        self.started(done, concurrency=self.concurrency)
         self.clusters.record(Event("fanout_jobs", 1))
         try:
             return self._run_batches(stream, done)
@@ -187,12 +185,15 @@ class FanOutExecutor:
     def submit(self, run: FanOutRun, receivers: Iterable[Any]) -> FanOutHandle:
         """Queue *run* (its job already checked and routed) and return its handle at once.
 
-        *receivers* is read later, from a worker thread. Raises :class:`RouterError` after :meth:`close`.
+        *receivers* is read later, from a worker thread, in a copy of the caller's context (so the
+        job's spans are children of the caller's ``feedrouter.fan_out`` span). Raises
+        :class:`RouterError` after :meth:`close`.
         """
         with self._lock:
             if self._closed:
                 raise RouterError("this FanOutExecutor is closed; it accepts no new fan-outs")
-            handle = FanOutHandle(run, self._pool.submit(run.run, receivers))
+            future = self._pool.submit(contextvars.copy_context().run, run.run, receivers)
+            handle = FanOutHandle(run, future)
             self._handles.add(handle)
         handle._future.add_done_callback(lambda _f: self._forget(handle))
         return handle
@@ -219,7 +220,8 @@ class FanOutExecutor:
         if not drain:
             for handle in handles:
                 if handle.cancel():
-                    log.warning("fan-out %r cancelled by close(); run it again to resume", handle.job_id)
+                    log.warning("fan-out %r cancelled by close(); run it again to resume", handle.job_id,
+                                extra=handle._run.job.log_extra)
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> FanOutExecutor:

@@ -15,7 +15,7 @@ metric                                                  labels                  
 ``feedrouter_retries_total``                            cluster, op                     retried requests
 ``feedrouter_read_clusters`` (histogram)                                                clusters asked per page
 ``feedrouter_partial_reads_total``                      cluster                         pages served without it
-``feedrouter_cluster_up`` (gauge)                       cluster                         the last answer
+``feedrouter_cluster_up`` (gauge)                       cluster                         the last request
 ``feedrouter_timemap_loaded_timestamp_seconds`` (gauge)                                 start-up and refresh
 ``feedrouter_timemap_age_seconds`` (gauge)                                              now minus the above
 ``feedrouter_stale_refusals_total``                                                     StaleMetadata raised
@@ -24,6 +24,11 @@ metric                                                  labels                  
 ``feedrouter_standby_ready`` (gauge)                                                    the rollover scheduler
 ``feedrouter_next_boundary_timestamp_seconds`` (gauge)                                  the rollover scheduler
 ======================================================  ==============================  ========================
+
+A request's ``outcome`` is ``ok``, ``write_errors`` or the kind of its
+:class:`~router.core.steps.Failure`; an insert whose only write errors are duplicate keys
+(an idempotent rerun) is ``ok``. ``feedrouter_cluster_up`` is 0 after a request the cluster
+gave no answer to (``transient``, ``timeout``, ``unavailable``) and 1 after any answer.
 
 Example::
 

@@ -13,6 +13,7 @@ from typing import Any
 from bson.errors import BSONError
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from ..core.policy import code_kind
 from ..core.steps import (
     Delete,
     Failure,
@@ -70,16 +71,24 @@ def request_op(request: IORequest) -> str:
 
 
 def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Event]:
-    """The events a request's answer makes: its latency and outcome, and whether its cluster is up."""
+    """The events a request's answer makes: its latency and outcome, and whether its cluster is up.
+
+    An insert whose only write errors are duplicate keys is ``ok``: with derived ids that is
+    an idempotent rerun (or a retry whose first attempt landed) finding its documents stored;
+    the items and fan-out counters tell those documents apart. The cluster is down (0) after
+    a request it gave no answer to (:attr:`Failure.cluster_down`), up (1) after any answer.
+    """
     failure = answer.failure if isinstance(answer, InsertOutcome) else answer if isinstance(answer, Failure) else None
     outcome: str
     if failure is not None:
         outcome = failure.kind
-    elif isinstance(answer, InsertOutcome) and (answer.write_errors or answer.write_concern):
+    elif isinstance(answer, InsertOutcome) and (
+        answer.write_concern or any(code_kind(e.code) != "duplicate" for e in answer.write_errors)
+    ):
         outcome = "write_errors"
     else:
         outcome = "ok"
-    up = 0.0 if outcome in ("timeout", "unavailable") else 1.0
+    up = 0.0 if failure is not None and failure.cluster_down else 1.0
     return (
         Event("request", seconds, cluster=request.cluster, op=request_op(request), outcome=outcome),
         Event("cluster_up", up, cluster=request.cluster),

@@ -12,13 +12,15 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from pymongo import MongoClient
 
 from router import Activity, FeedItem, FeedRouter, RouterConfig, StaleMetadata, WriteFailed, data_key
+from router.admin.scrape import parse
 from router.config import RolloverConfig
 from router.observe.prometheus import PrometheusMetrics
 from router.testing.localservers import LocalClusters, LocalServer
+from router.testing.proxy import BlipProxy
 
 from .conftest import NOW, P0, P1, P2, register
 
@@ -190,3 +192,109 @@ def test_log_records_carry_the_cluster(observed: tuple[FeedRouter, CollectorRegi
         router.read(1, limit=100, on_unavailable="partial")
     (record,) = [r for r in caplog.records if r.name == "router.core.reads"]
     assert getattr(record, "cluster") == "cluster_2" and "serving a partial page" in record.getMessage()
+
+
+@pytest.fixture
+def proxied(
+    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any]
+) -> Iterator[tuple[FeedRouter, CollectorRegistry, BlipProxy]]:
+    """A router with Prometheus metrics whose cluster_2 is reached through a BlipProxy (a real server behind it)."""
+    proxy = BlipProxy(raw_clients["cluster_2"].address[1])
+    try:
+        uris = [f"mongodb://{h}:{p}" for h, p in (c.address for c in raw_clients.values())]
+        config = make_config(uris=[uris[0], proxy.uri, uris[2]], serverSelectionTimeoutMS=2000)
+        register(config)
+        registry = CollectorRegistry()
+        yield open_router(config, clock=lambda: NOW, refresh=False, metrics=PrometheusMetrics(registry=registry)), registry, proxy
+    finally:
+        proxy.close()
+
+
+def test_a_dropped_connection_shows_the_cluster_down_until_it_answers(
+    proxied: tuple[FeedRouter, CollectorRegistry, BlipProxy],
+) -> None:
+    """A read whose connection to cluster_2 is dropped (outcome transient) sets its cluster_up to 0, in the registry
+    and in what `status --metrics` reads from it; the next answer sets it back to 1."""
+    router, registry, proxy = proxied
+
+    def up(cluster: str) -> float | None:
+        return registry.get_sample_value("feedrouter_cluster_up", {"cluster": cluster})
+
+    router.write_many(ten_in_each())
+    assert router.read(1, limit=100).queried == ("cluster_3", "cluster_2", "cluster_1")
+    assert (up("cluster_1"), up("cluster_2"), up("cluster_3")) == (1, 1, 1)
+
+    proxy.cut_next(b"find", 1)
+    page = router.read(1, limit=100, on_unavailable="partial")
+    assert proxy.cuts == 1 and page.unavailable == ("cluster_2",)
+    assert registry.get_sample_value(
+        "feedrouter_requests_total", {"cluster": "cluster_2", "op": "find.feed", "outcome": "transient"}) == 1
+    assert (up("cluster_1"), up("cluster_2"), up("cluster_3")) == (1, 0, 1)
+    assert parse(generate_latest(registry).decode())["cluster_2"].up is False
+
+    assert not router.read(1, limit=100).partial
+    assert up("cluster_2") == 1
+    assert parse(generate_latest(registry).decode())["cluster_2"].up is True
+
+
+def test_an_idempotent_rerun_counts_no_failed_requests(observed: tuple[FeedRouter, CollectorRegistry, LocalServer]) -> None:
+    """Publishing a post twice and fanning it out again under another job id meets duplicate keys only: those requests
+    are ok, the copies count as already present, and `status --metrics` shows no errors."""
+    router, registry, _server = observed
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    post = Activity(sender_id=9, event_time=P0 + timedelta(days=40), type=1, data={}, data_key=data_key("rerun", 1))
+    first = router.publish(post, range(25), pull=False, batch_size=10)
+    again = router.publish(post, range(25), pull=False, batch_size=10)
+    other = router.fan_out(post, range(25), batch_size=10, job_id="rerun-under-another-id")
+    assert first.outbox_new and not again.outbox_new
+    assert first.fan_out is not None and first.fan_out.written == 25
+    assert again.fan_out is not None and again.fan_out.resumed == 25
+    assert (other.written, other.already_present) == (0, 25)
+
+    assert value("feedrouter_requests_total", cluster="cluster_1", op="insert.outbox", outcome="ok") == 2
+    assert value("feedrouter_requests_total", cluster="cluster_1", op="insert.feed", outcome="ok") == 6  # 3 batches, twice
+    assert value("feedrouter_fanout_copies_total", cluster="cluster_1", outcome="written") == 25
+    assert value("feedrouter_fanout_copies_total", cluster="cluster_1", outcome="already_present") == 25
+    failed = {(s.labels["op"], s.labels["outcome"]): s.value for family in registry.collect() for s in family.samples
+              if s.name == "feedrouter_requests_total" and s.labels["outcome"] != "ok"}
+    assert failed == {}
+    assert parse(generate_latest(registry).decode())["cluster_1"].errors == 0
+
+
+def test_a_background_fan_out_is_traced_under_its_call(traced: tuple[FeedRouter, InMemorySpanExporter]) -> None:
+    """The requests of a background fan-out are spans in the trace of the feedrouter.fan_out call that started it."""
+    router, exporter = traced
+    post = Activity(sender_id=7, event_time=P1 + timedelta(days=3), type=1, data={}, data_key=data_key("bg", 1))
+    exporter.clear()
+    handle = router.fan_out(post, range(25), batch_size=10, background=True)
+    assert handle.result().written == 25
+    spans = exporter.get_finished_spans()
+    roots = [s for s in spans if s.parent is None]
+    assert [s.name for s in roots] == ["feedrouter.fan_out"]
+    inserts = [s for s in spans if s.name == "feedrouter.insert.feed"]
+    assert len(inserts) == 3
+    assert {s.context.trace_id for s in spans} == {roots[0].context.trace_id}
+
+
+def test_fan_out_and_write_many_records_carry_job_and_cluster(
+    observed: tuple[FeedRouter, CollectorRegistry, LocalServer], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fan-out's start and done records carry job_id and cluster; write_many's error record carries the cluster."""
+    router, _registry, server = observed
+    post = Activity(sender_id=7, event_time=P1 + timedelta(days=3), type=1, data={}, data_key=data_key("logs", 1))
+    with caplog.at_level(logging.INFO, logger="router"):
+        result = router.fan_out(post, range(5), job_id="logged-job")
+    fan_out = [r for r in caplog.records if r.getMessage().startswith("fan-out 'logged-job'")]
+    assert len(fan_out) == 2, [r.getMessage() for r in fan_out]  # started, done
+    assert all((getattr(r, "job_id", None), getattr(r, "cluster", None)) == ("logged-job", "cluster_2") for r in fan_out)
+    assert result.cluster == "cluster_2"
+
+    caplog.clear()
+    server.kill()
+    with caplog.at_level(logging.ERROR, logger="router"), pytest.raises(WriteFailed):
+        router.write_many([item(1, P0 + timedelta(days=30), 100), item(1, P1 + timedelta(days=30), 101)])
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name.startswith("router")]
+    assert [getattr(r, "cluster", None) for r in errors] == ["cluster_2"], [r.getMessage() for r in errors]

@@ -224,6 +224,24 @@ def test_pull_cap_and_bad_senders(router: FeedRouter) -> None:
         router.read(1, pull=[1, None])  # type: ignore[list-item]
 
 
+def test_backfill_follow_and_unfollow_name_the_argument_given(router: FeedRouter) -> None:
+    """A bad sender is named as the caller passed it: senders[i] for backfill, sender_id for follow and unfollow;
+    backfill's bound on senders is read.max_pull, reported against senders."""
+    cases: list[tuple[Callable[[], Any], str, str]] = [
+        (lambda: router.backfill(1, [None]), "senders[0]", r"senders\[0\]: must be a 64-bit int"),  # type: ignore[list-item]
+        (lambda: router.backfill(1, [7, ""]), "senders[1]", r"senders\[1\]: must be a 64-bit int"),
+        (lambda: router.backfill(1, list(range(1001))), "senders",
+         r"senders: at most 1000 senders per backfill \(read\.max_pull in clusters\.yaml\) \(got 1001\)"),
+        (lambda: router.backfill(1, []), "senders", r"senders: must be a non-empty list of sender ids"),
+        (lambda: router.follow(1, None), "sender_id", r"sender_id: must be a 64-bit int"),  # type: ignore[arg-type]
+        (lambda: router.unfollow(1, None), "sender_id", r"sender_id: must be a 64-bit int"),  # type: ignore[arg-type]
+    ]
+    for call, field, message in cases:
+        with pytest.raises(InvalidItem, match="^" + message) as info:
+            call()
+        assert info.value.field == field
+
+
 def test_backfill_rebuilds_a_dormant_user(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A dormant user skipped by fan-out gets the posts back from the outboxes, newest first, newer than since."""
     authors = [11, 12]
