@@ -116,6 +116,16 @@ def drop_queued_batch(url: str, number: int) -> None:
         client.close()
 
 
+def fanout_status_text(
+    config: RouterConfig, url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], job_id: str
+) -> tuple[Path, str]:
+    """Run ``feedrouter fanout-status JOB`` as an operator would (exit 0); return its config path and output."""
+    path = tmp_path / "publisher.yaml"
+    path.write_text(worker_yaml(config, broker=url))
+    assert main(["-c", str(path), "fanout-status", job_id]) == 0
+    return path, capsys.readouterr().out
+
+
 def broker_idle(url: str) -> bool:
     """True when the broker holds no task: every queue empty, nothing handed out and unacknowledged."""
     client = redis.Redis.from_url(url)
@@ -333,10 +343,7 @@ def test_cluster_down_the_status_shows_it_and_publishing_again_completes(
     status = router.fan_out_status(published.job_id)
     assert (status.state, status.recorded, status.batches_total, status.batches_done) == ("running", "published", 5, 0)
     assert (status.batches_missing, status.missing_batches, status.failed_batches) == (5, (0, 1, 2, 3, 4), ())
-    path = tmp_path / "publisher.yaml"
-    path.write_text(worker_yaml(config, broker=broker_url))
-    assert main(["-c", str(path), "fanout-status", published.job_id]) == 0
-    out = capsys.readouterr().out
+    path, out = fanout_status_text(config, broker_url, tmp_path, capsys, published.job_id)
     assert f"{published.job_id}: running in cluster 'cluster_2': 0 of 5 batches done" in out
     assert "missing batches (5): still queued or running, or given up by a worker; publish the job again" in out
 
@@ -510,10 +517,7 @@ def test_a_lost_batch_and_a_stray_one_never_read_as_done(
     status = router.fan_out_status(published.job_id)
     assert (status.state, status.batches_done, status.batches_total, status.written) == ("running", 1, 2, 1000)
     assert (status.batches_missing, status.missing_batches, status.batches_ignored) == (1, (0,), 0)
-    path = tmp_path / "publisher.yaml"
-    path.write_text(worker_yaml(config, broker=broker_url))
-    assert main(["-c", str(path), "fanout-status", published.job_id]) == 0
-    out = capsys.readouterr().out
+    _, out = fanout_status_text(config, broker_url, tmp_path, capsys, published.job_id)
     assert f"{published.job_id}: running in cluster 'cluster_2': 1 of 2 batches done (published" in out
     assert "missing batches (1): still queued or running, or given up by a worker; publish the job again" in out
     assert "publish the job again to resend them: 0\n" in out
