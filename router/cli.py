@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
         help="a fan-out job's progress, read from its checkpoint",
         description="Print the progress of fan-out job JOB (and of JOB/inactive, its inactive receivers' job, "
         "if there is one) from its checkpoint in the owning cluster: batches done, failed and missing, and the "
-        "counts of copies. Exits 1 if a job failed or was cancelled, or no cluster has JOB.",
+        "counts of copies. Only batches 0 to the job's batch count - 1 count; it is done when every one of them is. "
+        "Exits 1 if a job failed or was cancelled, or no cluster has JOB.",
     )
     status.add_argument("job", metavar="JOB", help="the job id (publish_fan_out returns it)")
     return parser
@@ -429,6 +430,8 @@ def _describe_job(status: JobStatus) -> list[str]:
         hint = (": still queued or running, or given up by a worker; publish the job again to resend them"
                 if status.recorded == "published" else "")
         lines.append(f"  missing batches ({status.batches_missing}){hint}: {shown}")
+    if status.batches_ignored:
+        lines.append(f"  ignored: {status.batches_ignored} batch records outside the job's batches (not counted)")
     if status.error:
         lines.append(f"  error: {status.error}")
     if status.updated_at is not None:

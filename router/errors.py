@@ -30,6 +30,7 @@ __all__ = [
     "RolloverError",
     "FanOutFailed",
     "FanOutConflict",
+    "InvalidBatch",
     "ItemRefused",
     "RouterClosed",
     "UpdateFailed",
@@ -274,3 +275,19 @@ class FanOutConflict(RouterError, ValueError):
     def __init__(self, job_id: str, message: str) -> None:
         self.job_id = job_id
         super().__init__(f"fan-out job {job_id!r}: {message}")
+
+
+class InvalidBatch(InvalidItem):
+    """Raised when a fan-out batch has a number, position or receiver count its job cannot have; nothing is written.
+
+    ``job_id`` and ``number`` name the batch (``number`` as it came, perhaps not an int),
+    ``field`` what was wrong (``number``, ``first``, ``receivers`` or ``job``). A Celery
+    worker rejects such a task for good: no delivery of it could ever be written.
+    """
+
+    def __init__(self, job_id: str, number: object, field: str, message: str) -> None:
+        self.field = field
+        self.index = None
+        self.job_id = job_id
+        self.number = number
+        RouterError.__init__(self, f"fan-out {job_id!r:.200}: batch {number!r:.40} refused, nothing written: {field}: {message}")

@@ -13,6 +13,13 @@ batch recorded twice (two workers, a redelivered task) is one document, counted 
 failed record is turned into a done one by the run that writes the batch later, and a
 done record is never changed. Any process reads a job's progress from these documents
 (:func:`job_status`), not from the engine that ran it.
+
+**Which batches a job can have.** Batch *n* holds the receivers from stream position
+``n * batch_size``, at most ``batch_size`` of them; ``batches_total`` is known once a run
+or a publisher has read every receiver (a new run or publishing sets it back to unknown
+until it has). :func:`check_batch` refuses any other batch before it is written, a
+Celery task sent by hand included (:func:`admit_batch` also checks it against the
+stored job); :func:`job_status` counts only batches ``0 .. batches_total - 1``.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ..errors import ClusterUnavailable, FanOutConflict, RouterError
+from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterError
 from ..model import to_utc
 from .policy import deadline_in
 from .steps import Failure, Find, Insert, InsertOutcome, Program, Update
@@ -33,8 +40,8 @@ if TYPE_CHECKING:
     from .fanout import BatchOutcome, FanOutJob
 
 __all__ = [
-    "JobStatus", "MAX_MISSING_LISTED", "check_checkpoint", "done_batches", "finish_checkpoint", "job_status", "millis",
-    "open_checkpoint", "read_batches", "record_batch",
+    "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "admit_batch", "check_batch", "check_checkpoint",
+    "done_batches", "finish_checkpoint", "job_status", "millis", "open_checkpoint", "read_batches", "record_batch",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,8 +54,70 @@ def millis(t: datetime) -> int:
     return (to_utc(t) - _EPOCH) // timedelta(milliseconds=1)
 
 
+#: The most receivers one job can have: a sanity bound on batch numbers while its total is not known yet
+#: (2**40, over a hundred times the people on Earth; batch numbers and positions stay far inside BSON's int64).
+MAX_JOB_RECEIVERS = 2**40
+
+
 def _batch_id(job_id: str, number: int) -> str:
     return f"{job_id}#{number}"
+
+
+def check_batch(job: FanOutJob, number: object, first: object, receivers: int, *, total: int | None = None) -> None:
+    """Raise :class:`InvalidBatch` unless *job* can have batch *number* starting at *first* with *receivers* receivers.
+
+    Example::
+
+        check_batch(job, 3, 3 * job.batch_size, 1000, total=5)     # fine
+        check_batch(job, 7, 7 * job.batch_size, 1000, total=5)     # InvalidBatch: must be below the job's 5 batches
+
+    A number is an int from 0, below *total* once the job's batch count is known and
+    below the sanity bound of :data:`MAX_JOB_RECEIVERS` receivers always; *first* is the
+    stream position ``number * batch_size``; a batch holds at most ``batch_size``
+    receivers (fewer in the last batch, or in a job of inactive receivers).
+    """
+    size = job.batch_size
+    if type(number) is not int or number < 0:
+        raise InvalidBatch(job.job_id, number, "number", f"must be an int of at least 0 (got {number!r:.40})")
+    if total is not None and number >= total:
+        raise InvalidBatch(job.job_id, number, "number", f"must be below the job's {total} batches (got {number})")
+    limit = -(-MAX_JOB_RECEIVERS // size)
+    if number >= limit:
+        raise InvalidBatch(job.job_id, number, "number",
+                           f"must be below {limit} ({MAX_JOB_RECEIVERS} receivers at most, in batches of {size}) "
+                           f"(got {number})")
+    if type(first) is not int or first != number * size:
+        raise InvalidBatch(job.job_id, number, "first",
+                           f"must be {number * size}, the stream position of the batch's first receiver "
+                           f"(got {first!r:.40})")
+    if receivers > size:
+        raise InvalidBatch(job.job_id, number, "receivers",
+                           f"must be at most the job's batch_size of {size} (got {receivers})")
+
+
+def admit_batch(job: FanOutJob, number: object, first: object, receivers: int, *, deadline: float) -> Program[None]:
+    """:func:`check_batch`, then again against the job as stored: for a batch that comes from elsewhere (a task).
+
+    Raises :class:`InvalidBatch` for a batch the job cannot have (the job never opened
+    included), :class:`FanOutConflict` for a checkpoint of another activity or batch
+    size, :class:`ClusterUnavailable` if the checkpoint cannot be read. Nothing is written.
+    """
+    check_batch(job, number, first, receivers)
+    found = yield Find(job.cluster, "fanouts", {"_id": job.job_id}, deadline, limit=1,
+                       projection={"data_key": 1, "event_time": 1, "batch_size": 1, "batches_total": 1})
+    if isinstance(found, Failure):
+        raise found.error
+    if not found:
+        raise InvalidBatch(job.job_id, number, "job", f"has no checkpoint in cluster {job.cluster!r}: it was never "
+                                                      "published, or its checkpoint was removed")
+    check_checkpoint(job, found[0])
+    check_batch(job, number, first, receivers, total=_total(found[0]))
+
+
+def _total(doc: Mapping[str, Any]) -> int | None:
+    """The job's ``batches_total`` when it is known (every receiver read), else None."""
+    total = doc.get("batches_total")
+    return total if type(total) is int and total >= 0 else None
 
 
 def record_batch(job: FanOutJob, outcome: BatchOutcome, timeout: float) -> Program[RouterError | None]:
@@ -97,6 +166,9 @@ def done_batches(records: Iterable[Mapping[str, Any]]) -> set[int]:
 def open_checkpoint(job: FanOutJob, *, timeout: float) -> Program[set[int]]:
     """Load (or create) the job's checkpoint and mark it running; return the batch numbers done.
 
+    The job's ``batches_total`` is unknown again until this run has read every receiver
+    (they may be more this time), so batches past the old total are not refused meanwhile.
+
     Raises :class:`FanOutConflict` if the job id's checkpoint belongs to another activity or
     another batch size, :class:`ClusterUnavailable` if it cannot be read.
     """
@@ -124,7 +196,8 @@ def open_checkpoint(job: FanOutJob, *, timeout: float) -> Program[set[int]]:
     check_checkpoint(job, found[0])
     records = yield from read_batches(job.cluster, job.job_id, deadline=deadline)
     answer = yield Update(job.cluster, "fanouts", {"_id": job.job_id},
-                          {"$set": {"status": "running", "updated_at": now}, "$inc": {"runs": 1}}, deadline, one=True)
+                          {"$set": {"status": "running", "batches_total": None, "updated_at": now}, "$inc": {"runs": 1}},
+                          deadline, one=True)
     if isinstance(answer, Failure):
         raise answer.error
     return done_batches(records)
@@ -180,6 +253,11 @@ class JobStatus:
     ``recorded`` is what the last run or publisher wrote (``running``, ``published``,
     ``done``, ``failed``, ``cancelled``): with ``published``, every batch was handed to
     the workers, so missing batches that stay missing need the job published again.
+
+    Only batches ``0 .. batches_total - 1`` count (any number from 0 while the total is
+    unknown), and ``done`` needs every one of them done. ``batches_ignored`` counts the
+    other records: numbers the job cannot have (a task sent by hand before workers
+    refused such numbers) or past this run's total (an earlier run read more receivers).
     """
 
     job_id: str
@@ -197,6 +275,7 @@ class JobStatus:
     batches_missing: int | None = None
     missing_batches: tuple[int, ...] = ()
     recorded: str = "running"
+    batches_ignored: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The status as plain JSON values."""
@@ -209,13 +288,13 @@ class JobStatus:
 
 def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> JobStatus:
     """The :class:`JobStatus` of job document *doc* and its batch *records* (stored in *cluster*)."""
+    total = _total(doc)
     records = list(records)
-    done = [r for r in records if r.get("state") == "done"]
-    failed = tuple(sorted(int(r["n"]) for r in records if r.get("state") == "failed" and type(r.get("n")) is int))
-    total = doc.get("batches_total")
-    total = total if type(total) is int else None
+    ours = [r for r in records if type(r.get("n")) is int and 0 <= r["n"] and (total is None or r["n"] < total)]
+    done = {r["n"]: r for r in ours if r.get("state") == "done"}  # one record per number: its _id is "job#n"
+    failed = tuple(sorted({r["n"] for r in ours if r.get("state") == "failed"} - done.keys()))
     recorded = str(doc.get("status") or "running")
-    if total is not None and len(done) >= total:
+    if total is not None and len(done) == total:  # every number counted is below total: all of 0 .. total-1
         state = "done"
     elif recorded == "cancelled":
         state = "cancelled"
@@ -226,14 +305,15 @@ def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[s
     missing: int | None = None
     listed: list[int] = []
     if total is not None:
-        seen = {int(r["n"]) for r in records if type(r.get("n")) is int}
+        seen = {r["n"] for r in ours}
         absent = [n for n in range(total) if n not in seen]
         missing, listed = len(absent), absent[:MAX_MISSING_LISTED]
+    counted = done.values()
     return JobStatus(
         job_id=str(doc.get("_id")), cluster=cluster, state=state, batches_done=len(done), batches_total=total,
-        failed_batches=failed, written=sum(int(r.get("written") or 0) for r in done),
-        already_present=sum(int(r.get("already_present") or 0) for r in done),
-        skipped=sum(int(r.get("skipped") or 0) for r in done), runs=int(doc.get("runs") or 0), error=doc.get("error"),
+        failed_batches=failed, written=sum(int(r.get("written") or 0) for r in counted),
+        already_present=sum(int(r.get("already_present") or 0) for r in counted),
+        skipped=sum(int(r.get("skipped") or 0) for r in counted), runs=int(doc.get("runs") or 0), error=doc.get("error"),
         updated_at=doc.get("updated_at") if isinstance(doc.get("updated_at"), datetime) else None,
-        batches_missing=missing, missing_batches=tuple(listed), recorded=recorded,
+        batches_missing=missing, missing_batches=tuple(listed), recorded=recorded, batches_ignored=len(records) - len(ours),
     )

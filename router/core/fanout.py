@@ -15,7 +15,9 @@ is a duplicate-key no-op counted ``already_present``. Exactly one copy per recei
 **Batches.** Receivers are cut into batches of ``batch_size`` consecutive receivers;
 batch numbers are positions in the stream, so a resume must read the same receivers in
 the same order with the same ``batch_size``. Each written batch is recorded in the job's
-checkpoint (:mod:`router.core.checkpoint`).
+checkpoint (:mod:`router.core.checkpoint`). A batch the job cannot have (a number out of
+range, a wrong position, more receivers than ``batch_size``) is refused before anything is
+written, in every engine (:func:`~router.core.checkpoint.check_batch`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
 from ..model import Activity, copy_documents, to_utc
 from ..observe import Event
-from .checkpoint import millis, record_batch
+from .checkpoint import admit_batch, check_batch, millis, record_batch
 from .checks import check_activity, receiver_problem
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
@@ -216,13 +218,23 @@ def batch_program(
     active: Callable[[Any], bool] | None = None,
     data: Any = None,
     record: bool = True,
+    admit: bool = False,
 ) -> Program[BatchOutcome]:
     """Write batch *number* (receivers from stream position *first*) and record it in the checkpoint.
 
     Receivers that are not valid ids fail alone, named with their stream position; ones
     *active* rejects are skipped. *data* is the activity's data encoded once per job
     (shared by every copy). The batch gets ``timeout`` seconds, retries included.
+
+    A batch the job cannot have raises :class:`~router.errors.InvalidBatch` before
+    anything is written. With *admit* (a batch that comes from elsewhere, e.g. a Celery
+    task), the job's stored checkpoint is read first and the batch checked against it
+    (:func:`~router.core.checkpoint.admit_batch`).
     """
+    if admit:
+        yield from admit_batch(job, number, first, len(receivers), deadline=deadline_in(timeout))
+    else:
+        check_batch(job, number, first, len(receivers))
     valid: list[int | str] = []
     invalid: list[RouterError] = []
     skipped = 0

@@ -39,6 +39,13 @@ the visibility timeout. Then it fails: the batch stays missing in ``fan_out_stat
 publishing the job again sends it (and only what is missing). Invalid receivers fail
 alone and are recorded, as in every engine; they are not retried.
 
+**Poison tasks.** A task the job cannot have (a batch number below 0, at or past the
+job's batch count once it is known, absurdly large, not an int; a wrong position; more
+receivers than ``batch_size``; a job never published, or another activity under its id)
+writes nothing: the worker logs an error naming the job, the batch and what was wrong,
+and rejects the message for good (never retried). The checks are the core's
+(:func:`router.core.checkpoint.admit_batch`).
+
 **JSON only.** Task arguments are the job (:meth:`FanOutJob.to_json`, the activity
 included, so its ``data`` must be JSON: :func:`publish_fan_out` refuses anything else with
 :class:`InvalidItem`), the batch number, the stream position of its first receiver, the
@@ -61,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from celery import Celery
+from celery.exceptions import Reject
 from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
@@ -69,7 +77,7 @@ from ..core.checkpoint import finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
 from ..core.settings import Settings
-from ..errors import ClusterUnavailable, InvalidItem, RouterError
+from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity
 from ..observe import Metrics, Observer
 from ..storage.clusters import Clusters
@@ -217,6 +225,10 @@ def make_app(
             again = bool((self.request.delivery_info or {}).get("redelivered"))
             with holder.observer.call("fan_out_batch"):
                 outcome = write_batch(clusters, settings, job, number, first, receivers, skip or [], redelivered=again)
+        except (InvalidItem, FanOutConflict) as exc:  # a poison message: no delivery of it can ever be written
+            text = str(exc) if isinstance(exc, InvalidBatch) else f"batch {number!r:.40}: {exc}"
+            log.error("%s; the task is rejected for good (never retried)", text)
+            raise Reject(text, requeue=False) from exc
         except BatchNotWritten as exc:
             tries = int(self.request.retries)
             if tries >= retries:
@@ -279,24 +291,27 @@ def write_batch(
 ) -> BatchOutcome:
     """What a task does: write batch *number* of *job* (its JSON) with ``batch_program``; raise to be retried.
 
-    Raises :class:`InvalidItem` for malformed arguments (not retried) and
-    :class:`BatchNotWritten` when the cluster failed or the batch's record was not saved.
+    Raises :class:`InvalidItem` for malformed arguments, :class:`InvalidBatch` for a batch
+    the job cannot have and :class:`FanOutConflict` for another job's checkpoint, before
+    anything is written (none is worth retrying); :class:`BatchNotWritten` when the
+    cluster failed or the batch's record was not saved.
     """
     fanout = FanOutJob.from_json(job)
-    for field, value in (("number", number), ("first", first)):
-        if type(value) is not int or value < 0:
-            raise InvalidItem(field, f"must be an int of at least 0 (got {value!r:.80})")
     if not isinstance(receivers, list):
-        raise InvalidItem("receivers", f"must be a list of receiver ids (got {type(receivers).__name__})")
+        raise InvalidBatch(fanout.job_id, number, "receivers", f"must be a list of receiver ids (got {type(receivers).__name__})")
     active: Callable[[Any], bool] | None = None
     if skip:  # the receivers at these positions get no copy in this job (batch_program counts them skipped)
         left_out = {receivers[i] for i in skip if type(i) is int and 0 <= i < len(receivers)
                     and receiver_problem(receivers[i]) is None}
         active = lambda receiver: receiver not in left_out  # noqa: E731
     data = fanout.encoded_data()
-    outcome = clusters.run(batch_program(
-        fanout, number, first, receivers, policy=settings.write.policy, timeout=settings.timeout, active=active, data=data,
-    ))
+    try:
+        outcome = clusters.run(batch_program(
+            fanout, number, first, receivers, policy=settings.write.policy, timeout=settings.timeout, active=active,
+            data=data, admit=True,
+        ))
+    except ClusterUnavailable as exc:  # the checkpoint could not be read to admit the batch
+        raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {exc}") from exc
     trouble: RouterError | None = outcome.stopped.error if outcome.stopped is not None else None
     if trouble is None:  # a copy left in doubt by the cluster, or the record not saved: worth another try
         trouble = next((e for e in outcome.errors if isinstance(e, ClusterUnavailable)), None)

@@ -95,6 +95,37 @@ def held_batches(url: str) -> dict[str, int]:
         client.close()
 
 
+def refusals(workers: list[WorkerProcess]) -> list[str]:
+    """The workers' log lines for tasks they rejected as batches the job cannot have."""
+    return [line for w in workers for line in w.log_text().splitlines() if "the task is rejected for good" in line]
+
+
+def drop_queued_batch(url: str, number: int) -> None:
+    """Take batch *number*'s message out of the queues, as Redis loses one between BRPOP and its unacked record."""
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.keys("feedrouter.*"):
+            if client.type(key) != b"list":
+                continue
+            for raw in client.lrange(key, 0, -1):
+                if json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1] == number:
+                    assert client.lrem(key, 1, raw) == 1
+                    return
+        raise AssertionError(f"no queued message for batch {number}")
+    finally:
+        client.close()
+
+
+def fanout_status_text(
+    config: RouterConfig, url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], job_id: str
+) -> tuple[Path, str]:
+    """Run ``feedrouter fanout-status JOB`` as an operator would (exit 0); return its config path and output."""
+    path = tmp_path / "publisher.yaml"
+    path.write_text(worker_yaml(config, broker=url))
+    assert main(["-c", str(path), "fanout-status", job_id]) == 0
+    return path, capsys.readouterr().out
+
+
 def broker_idle(url: str) -> bool:
     """True when the broker holds no task: every queue empty, nothing handed out and unacknowledged."""
     client = redis.Redis.from_url(url)
@@ -312,10 +343,7 @@ def test_cluster_down_the_status_shows_it_and_publishing_again_completes(
     status = router.fan_out_status(published.job_id)
     assert (status.state, status.recorded, status.batches_total, status.batches_done) == ("running", "published", 5, 0)
     assert (status.batches_missing, status.missing_batches, status.failed_batches) == (5, (0, 1, 2, 3, 4), ())
-    path = tmp_path / "publisher.yaml"
-    path.write_text(worker_yaml(config, broker=broker_url))
-    assert main(["-c", str(path), "fanout-status", published.job_id]) == 0
-    out = capsys.readouterr().out
+    path, out = fanout_status_text(config, broker_url, tmp_path, capsys, published.job_id)
     assert f"{published.job_id}: running in cluster 'cluster_2': 0 of 5 batches done" in out
     assert "missing batches (5): still queued or running, or given up by a worker; publish the job again" in out
 
@@ -425,3 +453,76 @@ def test_a_worker_reports_through_metrics_traces_and_listeners(
                 {b.context.span_id for b in batch_spans}]
     assert children and all(s.attributes["feedrouter.cluster"] == OWNER for s in children)
     assert listener.total("insert") >= 2
+
+
+def test_batches_the_job_cannot_have_are_refused_and_write_nothing(
+    publisher: tuple[RouterConfig, FeedRouter], workers: Callable[..., list[WorkerProcess]], broker_url: str,
+    raw_clients: Clients, db_name: str,
+) -> None:
+    """Tasks sent by hand for batch 1,000,000, -1 and 2**64 of a 5-batch job, one too big and one not numbered by an
+    int: each is rejected naming the job and the batch, writes nothing, and the status still counts 5 of 5."""
+    config, router = publisher
+    pool = workers(config, broker_url)
+    app = make_app(broker_url)
+    published = publish_fan_out(router, app, activity(11), range(5000))
+    wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done")
+    job = router.plan_fan_out(activity(11))
+    bad: list[tuple[Any, Any, range, str]] = [
+        (1_000_000, 1_000_000_000, range(900_000, 901_000), "number: must be below the job's 5 batches (got 1000000)"),
+        (-1, -1000, range(901_000, 902_000), "number: must be an int of at least 0 (got -1)"),
+        (2**64, 2**64 * 1000, range(902_000, 903_000), "number: must be below 1099511628 "),
+        (2, 2000, range(903_000, 904_001), "receivers: must be at most the job's batch_size of 1000 (got 1001)"),
+        ("3", 3000, range(904_001, 905_000), "number: must be an int of at least 0 (got '3')"),
+    ]
+    for number, first, receivers, _ in bad:
+        send_batch(app, job, number, first, receivers)
+    unpublished = router.plan_fan_out(activity(12))  # opened, its total not known yet: only absurd numbers are refused
+    router.clusters.run(open_checkpoint(unpublished, timeout=5))
+    send_batch(app, unpublished, 2**64, 0, range(905_000, 905_010))
+    send_batch(app, router.plan_fan_out(activity(13)), 0, 0, range(906_000, 906_010))  # a job never published
+    wait_for("the broker idle", lambda: broker_idle(broker_url), timeout=60)
+    assert_one_copy_each(raw_clients, db_name, range(5000))
+    wait_for("every bad task refused", lambda: len(refusals(pool)) == len(bad) + 2, timeout=60)
+    lines = "\n".join(refusals(pool))
+    for number, _, _, says in bad:
+        assert f"fan-out {job.job_id!r}: batch {number!r} refused, nothing written: {says}" in lines
+    assert f"fan-out {unpublished.job_id!r}: batch {2**64} refused, nothing written: number: must be below" in lines
+    assert "batch 0 refused, nothing written: job: has no checkpoint in cluster 'cluster_2'" in lines
+    assert_one_copy_each(raw_clients, db_name, range(5000))
+    assert raw_clients[OWNER][db_name].fanout_batches.count_documents({}) == 5
+    status = router.fan_out_status(published.job_id)
+    assert (status.state, status.batches_done, status.batches_total, status.written) == ("done", 5, 5, 5000)
+    assert router.fan_out_status(unpublished.job_id).batches_done == 0
+
+
+def test_a_lost_batch_and_a_stray_one_never_read_as_done(
+    publisher: tuple[RouterConfig, FeedRouter], workers: Callable[..., list[WorkerProcess]], broker_url: str,
+    raw_clients: Clients, db_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 2-batch job whose batch 0 message is lost and a stray batch 7 sent by hand: batch 7 writes nothing, the
+    status (and fanout-status) says running, 1 of 2 done, batch 0 missing; publishing again completes it."""
+    config, router = publisher
+    app = make_app(broker_url)
+    published = publish_fan_out(router, app, activity(14), range(2000))  # queued: no worker yet
+    drop_queued_batch(broker_url, 0)
+    job = router.plan_fan_out(activity(14))
+    send_batch(app, job, 7, 7000, [999_999])
+    pool = workers(config, broker_url)
+    wait_for("the broker idle", lambda: broker_idle(broker_url), timeout=60)
+    wait_for("batch 1 written", lambda: router.fan_out_status(published.job_id).batches_done >= 1, timeout=60)
+    assert not stored(raw_clients, db_name)[999_999], "the stray batch 7 wrote its copy"
+    wait_for("batch 7 refused", lambda: len(refusals(pool)) == 1, timeout=60)
+    assert f"fan-out {job.job_id!r}: batch 7 refused, nothing written: number: must be below the job's 2 batches" in refusals(pool)[0]
+    assert_one_copy_each(raw_clients, db_name, range(1000, 2000))
+    status = router.fan_out_status(published.job_id)
+    assert (status.state, status.batches_done, status.batches_total, status.written) == ("running", 1, 2, 1000)
+    assert (status.batches_missing, status.missing_batches, status.batches_ignored) == (1, (0,), 0)
+    _, out = fanout_status_text(config, broker_url, tmp_path, capsys, published.job_id)
+    assert f"{published.job_id}: running in cluster 'cluster_2': 1 of 2 batches done (published" in out
+    assert "missing batches (1): still queued or running, or given up by a worker; publish the job again" in out
+    assert "publish the job again to resend them: 0\n" in out
+
+    again = publish_fan_out(router, app, activity(14), range(2000))
+    assert (again.tasks_sent, again.batches_resumed) == (1, 1)
+    wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done")
+    assert_one_copy_each(raw_clients, db_name, range(2000))

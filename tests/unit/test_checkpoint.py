@@ -129,3 +129,105 @@ def test_missing_batches_listed_up_to_a_bound() -> None:
     got = job_status("c2", {"_id": "j", "status": "published", "batches_total": MAX_MISSING_LISTED + 500}, _records([0]))
     assert got.batches_missing == MAX_MISSING_LISTED + 499
     assert len(got.missing_batches) == MAX_MISSING_LISTED and got.missing_batches[0] == 1
+
+
+# -- batches a job cannot have, and what the status counts ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "number, first, receivers, total, field, says",
+    [
+        (-1, -1000, 1000, None, "number", "must be an int of at least 0 (got -1)"),
+        ("3", 3000, 1000, None, "number", "must be an int of at least 0 (got '3')"),
+        (3.0, 3000, 1000, None, "number", "must be an int"),
+        (True, 1000, 1000, None, "number", "must be an int"),
+        (5, 5000, 1000, 5, "number", "must be below the job's 5 batches (got 5)"),
+        (1_000_000, 1_000_000_000, 1000, 5, "number", "must be below the job's 5 batches (got 1000000)"),
+        (2**64, 2**64 * 1000, 1000, None, "number", f"must be below {2**40 // 1000 + 1} "),
+        (2**40 // 1000 + 1, (2**40 // 1000 + 1) * 1000, 1, None, "number", "must be below"),
+        (3, 0, 1000, None, "first", "must be 3000, the stream position of the batch's first receiver (got 0)"),
+        (3, "3000", 1000, None, "first", "must be 3000"),
+        (0, 0, 1001, None, "receivers", "must be at most the job's batch_size of 1000 (got 1001)"),
+    ],
+)
+def test_check_batch_refuses_what_the_job_cannot_have(
+    number: object, first: object, receivers: int, total: int | None, field: str, says: str
+) -> None:
+    """Out-of-range, non-int or absurd numbers, wrong positions, oversized batches: InvalidBatch naming job and batch."""
+    from router import InvalidBatch
+    from router.core.checkpoint import check_batch
+
+    with pytest.raises(InvalidBatch) as caught:
+        check_batch(JOB, number, first, receivers, total=total)
+    error = caught.value
+    assert (error.job_id, error.number, error.field) == ("j", number, field)
+    assert str(error).startswith(f"fan-out 'j': batch {number!r:.40} refused, nothing written: {field}: ")
+    assert says in str(error)
+    assert isinstance(error, InvalidItem)
+
+
+@given(st.integers(min_value=0, max_value=3000), st.integers(min_value=1, max_value=300), st.booleans())
+def test_check_batch_accepts_every_batch_the_stream_makes(n: int, size: int, known: bool) -> None:
+    """Every batch ``batches`` cuts passes, whether the total is known yet or not; the next number is refused once it is."""
+    from router import InvalidBatch
+    from router.core.checkpoint import check_batch
+
+    job = FanOutJob(job_id="j", cluster="c2", activity=ACT, batch_size=size)
+    cut = list(batches(range(n), size))
+    total = len(cut) if known else None
+    for number, first, chunk in cut:
+        check_batch(job, number, first, len(chunk), total=total)
+    check_batch(job, len(cut), len(cut) * size, 0)  # the total not known yet: a later batch may come
+    with pytest.raises(InvalidBatch, match=f"must be below the job's {len(cut)} batches"):
+        check_batch(job, len(cut), len(cut) * size, 1, total=len(cut))
+
+
+def _admit(doc: object, number: object = 3, first: object = 3000) -> object:
+    """Run admit_batch against a scripted checkpoint read (*doc*: the job document, None for none, or a Failure)."""
+    from router.core.checkpoint import admit_batch
+    from router.core.steps import Find
+
+    program = admit_batch(JOB, number, first, 1000, deadline=1e12)
+    request = next(program)
+    assert isinstance(request, Find) and (request.collection, request.filter) == ("fanouts", {"_id": "j"})
+    try:
+        program.send(doc if not isinstance(doc, dict) else [doc])
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("admit_batch asked for more than the job document")
+
+
+def test_admit_batch_checks_the_stored_job() -> None:
+    """A task's batch is checked against the job as stored: its total once known, its activity, that it exists."""
+    from router import ClusterUnavailable, InvalidBatch
+    from router.core.checkpoint import admit_batch
+    from router.core.steps import Failure
+
+    stored = {"_id": "j", "data_key": ACT.data_key, "event_time": WHEN, "batch_size": 1000, "batches_total": None}
+    assert _admit(stored) is None  # total unknown: any sane number passes
+    assert _admit({**stored, "batches_total": 5}, 4, 4000) is None
+    with pytest.raises(InvalidBatch, match=r"batch 5 refused, nothing written: number: must be below the job's 5 batches"):
+        _admit({**stored, "batches_total": 5}, 5, 5000)
+    with pytest.raises(InvalidBatch, match=r"job: has no checkpoint in cluster 'c2': it was never published"):
+        _admit([])
+    with pytest.raises(FanOutConflict, match="batches of 500"):
+        _admit({**stored, "batch_size": 500})
+    with pytest.raises(ClusterUnavailable):
+        _admit(Failure("unavailable", ClusterUnavailable("c2", "down")))
+    with pytest.raises(InvalidBatch, match="number: must be an int of at least 0"):  # refused before any read
+        next(admit_batch(JOB, -1, -1000, 1000, deadline=1e12))
+
+
+def test_job_status_counts_only_the_jobs_batches() -> None:
+    """Records outside 0..total-1 are ignored: no 'done' with a batch missing, no '6 of 5 batches done'."""
+    doc = {"_id": "j", "status": "published", "batches_total": 5}
+    extra = _records([0, 1, 2, 3, 4, 1_000_000, 5, -1]) + [{"n": 2**64, "state": "done", "written": 5}]
+    got = job_status("c2", doc, extra)
+    assert (got.state, got.batches_done, got.batches_total, got.written, got.batches_ignored) == ("done", 5, 5, 25, 4)
+    # batch 0 lost, a stray batch 7 recorded: not done, batch 0 missing, one batch done of two
+    lost = job_status("c2", {**doc, "batches_total": 2}, _records([1, 7], [9]))
+    assert (lost.state, lost.batches_done, lost.batches_missing, lost.missing_batches) == ("running", 1, 1, (0,))
+    assert (lost.written, lost.failed_batches, lost.batches_ignored) == (5, (), 2)
+    running = job_status("c2", {**doc, "status": "running", "batches_total": None}, _records([0, 3], [-2]))
+    assert (running.state, running.batches_done, running.failed_batches, running.batches_ignored) == ("running", 2, (), 1)
+    assert json.loads(json.dumps(lost.to_json()))["batches_ignored"] == 2
