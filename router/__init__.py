@@ -18,6 +18,7 @@ import logging
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
+from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
 from .cursor import Position
@@ -92,6 +93,7 @@ __all__ = [
     "RouterError",
     "StaleMetadata",
     "TimeMap",
+    "Unseen",
     "UpdateFailed",
     "WriteFailed",
     "WrongEventLoop",

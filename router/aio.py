@@ -29,11 +29,13 @@ from .core import calls
 from .core.checkpoint import JobStatus
 from .core.fanout import FanOutJob
 from .core.routing import Routing
+from .core.seen import Unseen
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
 from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
+from .cursor import Position
 from .errors import RouterClosed, RouterError, WriteFailed, WrongEventLoop
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .model import Activity, FeedItem, Page, utcnow
@@ -284,12 +286,26 @@ class AsyncFeedRouter:
 
     async def read(
         self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None,
-        pull: Sequence[int | str] | None = None,
+        pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
     ) -> Page:
         """One page of *receiver_id*'s feed, newest first (see ``FeedRouter.read``)."""
         return await self._run("read", lambda v: calls.read(
-            v, receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull
+            v, receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull, types=types
         ))
+
+    # -- notifications -----------------------------------------------------------------
+
+    async def mark_seen(self, receiver_id: int | str, position: Position | FeedItem) -> Position:
+        """Mark everything up to *position* as seen by *receiver_id*; never moves backwards (see ``FeedRouter.mark_seen``)."""
+        return await self._run("mark_seen", lambda v: calls.mark_seen(v, receiver_id, position))
+
+    async def seen_position(self, receiver_id: int | str) -> Position | None:
+        """*receiver_id*'s seen marker, or ``None`` (see ``FeedRouter.seen_position``)."""
+        return await self._run("seen_position", lambda v: calls.seen_position(v, receiver_id))
+
+    async def unseen_count(self, receiver_id: int | str, *, cap: int = 99, pull: Sequence[int | str] | None = None) -> Unseen:
+        """How many items are newer than the seen marker, up to *cap* (see ``FeedRouter.unseen_count``)."""
+        return await self._run("unseen_count", lambda v: calls.unseen_count(v, receiver_id, cap=cap, pull=pull))
 
     # -- edits -------------------------------------------------------------------------
 

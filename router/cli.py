@@ -208,7 +208,21 @@ def _parser() -> argparse.ArgumentParser:
         "Exits 1 if a job failed or was cancelled, or no cluster has JOB.",
     )
     status.add_argument("job", metavar="JOB", help="the job id (publish_fan_out returns it)")
+
+    unseen = sub.add_parser(
+        "unseen",
+        help="a receiver's unseen count and seen marker (for support staff)",
+        description="Print how many items of RECEIVER's feed are newer than its seen marker (stopping past --cap, "
+        "shown as e.g. 99+), and the marker's time. All digits means an int id, anything else a str id.",
+    )
+    unseen.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
+    unseen.add_argument("--cap", type=int, default=99, metavar="N", help="stop counting past N (default: %(default)s)")
     return parser
+
+
+def _receiver_arg(text: str) -> int | str:
+    """A receiver id from the command line: an int when it is one, else the text."""
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -456,6 +470,22 @@ def _cmd_fanout_status(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
+def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
+    from .sync import FeedRouter
+
+    with FeedRouter(config, refresh=False) as router:
+        unseen = router.unseen_count(args.receiver, cap=args.cap)
+    marker = unseen.marker
+    shown = f"{unseen.count}+" if unseen.capped else str(unseen.count)
+    seen = f"marked seen up to {marker.event_time.isoformat()} (item {marker.id})" if marker else "nothing marked seen"
+    _emit(args, {
+        "receiver_id": args.receiver, "unseen": unseen.count, "capped": unseen.capped,
+        "marker": {"event_time": marker.event_time.isoformat(), "id": str(marker.id)} if marker else None,
+        "queried": list(unseen.queried),
+    }, f"receiver {args.receiver!r}: {shown} unseen; {seen}; asked {', '.join(unseen.queried) or 'no cluster'}")
+    return 0
+
+
 # -- entry point ------------------------------------------------------------------------
 
 
@@ -484,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "retire": _cmd_retire,
             "worker": _cmd_worker,
             "fanout-status": _cmd_fanout_status,
+            "unseen": _cmd_unseen,
         }
         return commands[args.command](args, config)
     except _Failed:

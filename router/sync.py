@@ -27,11 +27,13 @@ from .core import calls
 from .core.checkpoint import JobStatus
 from .core.fanout import FanOutJob
 from .core.routing import Routing
+from .core.seen import Unseen
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
 from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
+from .cursor import Position
 from .errors import RouterClosed, RouterError, WriteFailed
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
 from .model import Activity, FeedItem, Page, utcnow
@@ -248,7 +250,7 @@ class FeedRouter:
 
     def read(
         self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None,
-        pull: Sequence[int | str] | None = None,
+        pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
     ) -> Page:
         """One page of *receiver_id*'s feed, newest first by ``(event_time, _id)``.
 
@@ -258,11 +260,42 @@ class FeedRouter:
         whose posts are not copied to followers), each post once. *on_unavailable*
         (default ``read.on_unavailable``): ``"raise"`` raises :class:`ClusterUnavailable`
         for a cluster the page needs; ``"partial"`` serves the rest, marks the page
-        ``partial`` and owes that cluster's items to later pages.
+        ``partial`` and owes that cluster's items to later pages. *types* keeps only items
+        of those types (a notification feed's filter): pages stay full and cursors work as
+        without it.
         """
         return self._run("read", calls.read(
-            self._view(), receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull
+            self._view(), receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull, types=types
         ))
+
+    # -- notifications -----------------------------------------------------------------
+
+    def mark_seen(self, receiver_id: int | str, position: Position | FeedItem) -> Position:
+        """Mark everything up to *position* (an item of a page, or its :class:`Position`) as seen by *receiver_id*.
+
+        Example::
+
+            page = feeds.read(7, limit=20)
+            feeds.mark_seen(7, page.items[0])          # the newest item shown
+            feeds.unseen_count(7).count                # 0 until something newer arrives
+
+        The marker never moves backwards: marking an older position, or two devices
+        marking at once, leaves the highest one. It lives in the cluster that owns its time,
+        so it survives rollovers.
+        """
+        return self._run("mark_seen", calls.mark_seen(self._view(), receiver_id, position))
+
+    def seen_position(self, receiver_id: int | str) -> Position | None:
+        """*receiver_id*'s seen marker, or ``None`` if nothing in the read window was marked."""
+        return self._run("seen_position", calls.seen_position(self._view(), receiver_id))
+
+    def unseen_count(self, receiver_id: int | str, *, cap: int = 99, pull: Sequence[int | str] | None = None) -> Unseen:
+        """How many items are newer than the seen marker, stopping past *cap* (``capped``: show "99+").
+
+        Asks the newest cluster first and never one older than the marker; with *pull*, the
+        pulled senders' outbox posts count too, each post once.
+        """
+        return self._run("unseen_count", calls.unseen_count(self._view(), receiver_id, cap=cap, pull=pull))
 
     # -- edits -------------------------------------------------------------------------
 

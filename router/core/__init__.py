@@ -9,5 +9,7 @@ imports a database client: ``bson`` values only.
 * :mod:`~router.core.routing`: the chooser and the horizon rule;
 * :mod:`~router.core.checks`: the input rules;
 * :mod:`~router.core.writes`, :mod:`~router.core.reads`, :mod:`~router.core.edits`,
-  :mod:`~router.core.fanout`, :mod:`~router.core.metadata`: the operations.
+  :mod:`~router.core.fanout`, :mod:`~router.core.metadata`, :mod:`~router.core.social`,
+  :mod:`~router.core.seen`: the operations;
+* :mod:`~router.core.calls`: the public operations' argument checks, one function each.
 """

@@ -19,24 +19,25 @@ import attrs
 from bson import ObjectId
 
 from ..config import RouterConfig
-from ..cursor import CursorState, check_state, decode_state
+from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
 from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
 from .checkpoint import JobStatus, job_status, read_batches
-from .checks import check_data, check_senders
+from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
-from .routing import Routing
-from .settings import MAX_PAGE, Settings
+from .routing import Routing, routed
+from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_program, unseen_program
+from .settings import MAX_PAGE, MAX_TYPES, Settings
 from .social import MAX_BACKFILL, BackfillResult, backfill_program
 from .steps import Concurrently, Failure, Find, Program
 from .writes import write_program
 
 __all__ = [
-    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "fan_out_status", "follow", "plan_fan_out",
-    "read", "unfollow", "update", "write_many",
+    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "fan_out_status", "follow", "mark_seen",
+    "plan_fan_out", "read", "seen_position", "unfollow", "unseen_count", "update", "write_many",
 ]
 
 #: Which receivers get a copy: a predicate, or a container (usually a set) of active ids.
@@ -78,7 +79,7 @@ def _data_key(value: object) -> str:
 
 def read(
     view: View, receiver_id: object, *, limit: object = 50, cursor: object = None, on_unavailable: object = None,
-    pull: Sequence[object] | None = None,
+    pull: Sequence[object] | None = None, types: Sequence[object] | None = None,
 ) -> Program[Page]:
     """``read``: one page, newest first; see :mod:`router.core.reads`."""
     receiver = _receiver(receiver_id)
@@ -96,8 +97,57 @@ def read(
         receiver_id=receiver, limit=limit, state=state, timemap=timemap, now=view.now, window=view.config.read_window,
         on_unavailable=policy, deadline=deadline_in(view.settings.timeout),
         pull=check_senders(pull, field="pull", limit=view.settings.max_pull, per="read"),
+        types=check_ids(types, field="types", noun="types", limit=MAX_TYPES, too_many="distinct types", empty=False),
     )
     return read_program(plan)
+
+
+def mark_seen(view: View, receiver_id: object, position: object) -> Program[Position]:
+    """``mark_seen``: record *position* (a :class:`Position`, or a :class:`FeedItem` from a page) as seen."""
+    receiver = _receiver(receiver_id)
+    if isinstance(position, FeedItem):
+        if position.id is None:
+            raise InvalidItem("position", "must be a FeedItem read from a page (this one has no id)")
+        position = Position(position.event_time, position.id)
+    if not isinstance(position, Position):
+        raise InvalidItem("position", f"must be a Position or a FeedItem from a page (got {type(position).__name__})")
+    when = position.event_time
+    if not isinstance(when, datetime) or when.utcoffset() is None or not isinstance(position.id, ObjectId):
+        raise InvalidItem("position", f"must hold a timezone-aware event_time and an ObjectId (got {position!r:.120})")
+    marked = Position(when, position.id)  # a page's skip count means nothing to a marker
+    deadline = deadline_in(view.settings.timeout)
+
+    def program() -> Program[Position]:
+        cluster = yield from routed(
+            lambda r: r.locate(when.timestamp())[0], view.routing, where=lambda _past: (when, "position.event_time")
+        )
+        return (yield from mark_program(receiver, marked, cluster, deadline=deadline))
+
+    return program()
+
+
+def _window(view: View) -> tuple[str, ...]:
+    return tuple(view.routing.timemap.clusters_for_read(now=view.now, window=view.config.read_window))
+
+
+def seen_position(view: View, receiver_id: object) -> Program[Position | None]:
+    """``seen_position``: the receiver's seen marker, or ``None``."""
+    receiver = _receiver(receiver_id)
+
+    def program() -> Program[Position | None]:
+        marker, _at = yield from marker_program(receiver, _window(view), deadline=deadline_in(view.settings.timeout))
+        return marker
+
+    return program()
+
+
+def unseen_count(view: View, receiver_id: object, *, cap: object = 99, pull: Sequence[object] | None = None) -> Program[Unseen]:
+    """``unseen_count``: items newer than the seen marker, up to *cap*; see :mod:`router.core.seen`."""
+    receiver = _receiver(receiver_id)
+    limit = positive_int("cap", cap, maximum=MAX_CAP)
+    plan = UnseenPlan(receiver_id=receiver, names=_window(view), cap=limit, deadline=deadline_in(view.settings.timeout),
+                      pull=check_senders(pull, field="pull", limit=view.settings.max_pull, per="read"))
+    return unseen_program(plan)
 
 
 def delete(view: View, data_key: object) -> Program[int]:

@@ -227,25 +227,33 @@ def receiver_problem(value: object) -> str | None:
     return None if is_id(value) else f"{ID_RULE} (got {value!r:.80})"
 
 
-def check_senders(senders: object, *, field: str, limit: int, per: str) -> tuple[int | str, ...]:
-    """The sender ids of argument *field* as a sorted tuple without repeats (``None``: none).
+def check_ids(values: object, *, field: str, noun: str, limit: int, too_many: str, empty: bool = True) -> tuple[int | str, ...]:
+    """The ids of argument *field* (senders, types) as a sorted tuple without repeats (``None``: none).
 
-    :class:`InvalidItem` names the argument as the caller gave it: ``pull[1]: ...`` for a
-    read, ``senders[0]: ...`` for a backfill; more than *limit* distinct senders (the
-    configured ``read.max_pull``) is refused as ``<field>: at most <limit> senders per <per>``.
+    :class:`InvalidItem` names the argument as the caller gave it (``pull[1]: ...``,
+    ``types: ...``): not a list of *noun*, an empty one unless *empty*, a bad id, or more than
+    *limit* distinct ids (*too_many* says why there is a limit).
     """
-    if senders is None:
+    if values is None:
         return ()
-    if isinstance(senders, (str, bytes)) or not isinstance(senders, Sequence):
-        raise InvalidItem(field, f"must be a list of sender ids (got {type(senders).__name__})")
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or (not empty and not values):
+        shown = type(values).__name__ if empty else f"{values!r:.80}"
+        raise InvalidItem(field, f"must be a {'' if empty else 'non-empty '}list of {noun} (got {shown})")
     chosen: set[int | str] = set()
-    for i, sender in enumerate(senders):
-        if not is_id(sender):
-            raise InvalidItem(f"{field}[{i}]", f"{ID_RULE} (got {sender!r:.80})")
-        chosen.add(sender)
+    for i, value in enumerate(values):
+        if not is_id(value):
+            raise InvalidItem(f"{field}[{i}]", f"{ID_RULE} (got {value!r:.80})")
+        chosen.add(value)
     if len(chosen) > limit:
-        raise InvalidItem(field, f"at most {limit} senders per {per} (read.max_pull in clusters.yaml) (got {len(chosen)})")
-    return tuple(sorted(chosen, key=lambda s: (isinstance(s, str), s)))
+        raise InvalidItem(field, f"at most {limit} {too_many} (got {len(chosen)})")
+    return tuple(sorted(chosen, key=lambda v: (isinstance(v, str), v)))
 
 
-__all__ += ["check_activity", "check_senders", "receiver_problem"]
+def check_senders(senders: object, *, field: str, limit: int, per: str) -> tuple[int | str, ...]:
+    """:func:`check_ids` for sender lists: ``pull[1]: ...`` for a read, ``senders[0]: ...`` for a backfill; more
+    than *limit* distinct senders (the configured ``read.max_pull``) is ``<field>: at most <limit> senders per <per>``."""
+    return check_ids(senders, field=field, noun="sender ids", limit=limit,
+                     too_many=f"senders per {per} (read.max_pull in clusters.yaml)")
+
+
+__all__ += ["check_activity", "check_ids", "check_senders", "receiver_problem"]

@@ -56,6 +56,11 @@ class ReadPlan:
     on_unavailable: Literal["raise", "partial"]
     deadline: float
     pull: tuple[int | str, ...] = ()
+    types: tuple[int | str, ...] = ()
+
+    def only(self) -> dict[str, Any]:
+        """The clause that keeps only the asked-for types (nothing when every type is wanted)."""
+        return {"type": {"$in": list(self.types)}} if self.types else {}
 
 
 @attrs.frozen
@@ -91,12 +96,16 @@ def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
     return answer
 
 
+def _inbox_request(plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float) -> Find:
+    """The receiver's own feed after *position*: the *need* newest entries of the asked-for types."""
+    return Find(cluster, "feed", {"receiver_id": plan.receiver_id, **plan.only(), **_older(position)}, deadline,
+                sort=PAGE_SORT, limit=need)
+
+
 def _inbox_only(
     plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
 ) -> Program[_Fetched | Failure]:
-    docs = yield Find(
-        cluster, "feed", {"receiver_id": plan.receiver_id, **_older(position)}, deadline, sort=PAGE_SORT, limit=need
-    )
+    docs = yield _inbox_request(plan, cluster, position, need, deadline)
     if isinstance(docs, Failure):
         return docs
     entries = [_Entry(d["event_time"], d["_id"], FeedItem.from_document(d), False) for d in docs]
@@ -127,13 +136,11 @@ def _with_pull(
     plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
 ) -> Program[_Fetched | Failure]:
     skip = position.skip if position is not None else 0
-    senders: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}}
+    senders: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}, **plan.only()}
     outbox_filter: dict[str, Any] = dict(senders)
     if position is not None:
         outbox_filter["event_time"] = {"$lte": position.event_time}
-    inbox_request = Find(
-        cluster, "feed", {"receiver_id": plan.receiver_id, **_older(position)}, deadline, sort=PAGE_SORT, limit=need
-    )
+    inbox_request = _inbox_request(plan, cluster, position, need, deadline)
     outbox_request = Find(cluster, "outbox", outbox_filter, deadline, sort=PAGE_SORT, limit=need + skip)
     inbox, outbox = yield Concurrently([_find(inbox_request), _find(outbox_request)], [cluster, cluster])
     for answer in (inbox, outbox):

@@ -9,10 +9,12 @@ from .edits import EditSettings
 from .policy import RetryPolicy
 from .writes import WriteSettings
 
-__all__ = ["MAX_PAGE", "Settings"]
+__all__ = ["MAX_PAGE", "MAX_TYPES", "Settings"]
 
 #: The largest page a single read returns.
 MAX_PAGE = 1000
+#: The most distinct types one ``read(..., types=...)`` may ask for.
+MAX_TYPES = 100
 
 
 @attrs.frozen

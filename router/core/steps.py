@@ -33,6 +33,7 @@ from ..observe import Event
 __all__ = [
     "Collection",
     "Concurrently",
+    "Count",
     "Delete",
     "Failure",
     "FailureKind",
@@ -51,7 +52,7 @@ __all__ = [
 
 T = TypeVar("T")
 #: A collection, by role; the storage layer maps each to the configured name.
-Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "metadata"]
+Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "metadata", "seen"]
 #: How a failed request failed, which decides what may be done next (see :mod:`router.core.policy`).
 FailureKind: TypeAlias = Literal["transient", "timeout", "unavailable", "refused", "too_large"]
 
@@ -96,6 +97,17 @@ class Find:
     sort: Sequence[tuple[str, int]] | None = None
     limit: int = 0
     projection: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(slots=True)
+class Count:
+    """``count_documents`` on one cluster, stopping at *limit* (0: no limit); answered with the count or a :class:`Failure`."""
+
+    cluster: str
+    collection: Collection
+    filter: Mapping[str, Any]
+    deadline: float
+    limit: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -194,7 +206,7 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Insert | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = Find | Count | Insert | Delete | Update | Sleep | Concurrently | Refresh | Report
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 

@@ -27,7 +27,7 @@ from pymongo.errors import ConfigurationError
 from ..config import ClusterConfig, RouterConfig
 from ..core.metadata import load_timemap
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
+from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
 from ..errors import RouterError
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
@@ -35,7 +35,7 @@ from ..timemap import TimeMap
 from ..uris import uri_password
 from .clusters import client_options, collection_names
 from .errors import driver_error
-from .requests import IORequest, call_for, failed, late, observed, request_op, time_left, unknown
+from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
 
@@ -117,7 +117,7 @@ class AsyncClusters:
         self.metrics.record(event)
 
     async def _answer(self, request: Request) -> Any:
-        if isinstance(request, (Find, Insert, Delete, Update)):
+        if isinstance(request, IO_REQUESTS):
             cluster = self._by_name.get(request.cluster)
             if cluster is None:
                 return unknown(request)

@@ -33,7 +33,7 @@ from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 from ..config import ClusterConfig, RouterConfig
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Delete, Find, Insert, Program, Refresh, Report, Request, Sleep, Update
+from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
 from ..errors import ClusterUnavailable, InvalidItem, RouterError
 from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
@@ -41,7 +41,7 @@ from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
 from ..uris import uri_password
 from .errors import driver_error
-from .requests import IORequest, call_for, failed, late, observed, request_op, time_left, unknown
+from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
 __all__ = ["COMMAND_NOT_FOUND", "DEFAULT_OPTIONS", "Capabilities", "Cluster", "Clusters", "client_options", "collection_names"]
 
@@ -73,7 +73,7 @@ def collection_names(config: RouterConfig) -> dict[str, str]:
     """The configured name of each collection role the core uses."""
     return {
         "feed": config.feed_collection, "metadata": config.metadata_collection, "outbox": "outbox", "fanouts": "fanouts",
-        "fanout_batches": "fanout_batches",
+        "fanout_batches": "fanout_batches", "seen": "seen",
     }
 
 
@@ -280,7 +280,7 @@ class Clusters:
         self.metrics.record(event)
 
     def _answer(self, request: Request) -> Any:
-        if isinstance(request, (Find, Insert, Delete, Update)):
+        if isinstance(request, IO_REQUESTS):
             cluster = self._by_name.get(request.cluster)
             if cluster is None:
                 return unknown(request)

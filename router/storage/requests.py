@@ -15,6 +15,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..core.policy import code_kind
 from ..core.steps import (
+    Count,
     Delete,
     Failure,
     Find,
@@ -28,9 +29,11 @@ from ..errors import ClusterUnavailable
 from ..observe import Event
 from .errors import classify
 
-__all__ = ["IORequest", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
+__all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
 
-IORequest = Find | Insert | Delete | Update
+IORequest = Find | Count | Insert | Delete | Update
+#: The request types a driver sends to a cluster (for ``isinstance``).
+IO_REQUESTS = (Find, Count, Insert, Delete, Update)
 #: A request ready to send: the zero-argument call (returning a value, or an awaitable of it
 #: for the async client) and what turns its result into the core's answer.
 Call = tuple[Callable[[], Any], Callable[[Any], Any]]
@@ -43,6 +46,9 @@ def call_for(request: IORequest, coll: Any) -> Call:
     if isinstance(request, Find):
         cursor = coll.find(request.filter, request.projection, sort=request.sort, limit=request.limit)
         return cursor.to_list, _SENT_AS_IS
+    if isinstance(request, Count):
+        limit = {"limit": request.limit} if request.limit else {}
+        return (lambda: coll.count_documents(request.filter, **limit)), int
     if isinstance(request, Insert):
         documents = list(request.documents)
         return (lambda: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())
@@ -56,12 +62,12 @@ def call_for(request: IORequest, coll: Any) -> Call:
 
 
 _WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": "fan-out checkpoint",
-         "fanout_batches": "fan-out checkpoint"}
+         "fanout_batches": "fan-out checkpoint", "seen": "seen markers"}
 
 
 def describe(request: IORequest) -> str:
     """What *request* was doing, for error messages: ``reading metadata``, ``writing feed`` ..."""
-    verb = {Find: "reading", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
+    verb = {Find: "reading", Count: "counting", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
     return f"{verb} {_WHAT.get(request.collection, request.collection)}"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from router.admin.migrate import discover
 from router import RouterConfig
 from router.testing.localservers import LocalClusters
 
@@ -97,7 +98,7 @@ def test_check_metadata_problem_exits_1(make_config: Callable[..., RouterConfig]
     assert result.returncode == 1
     for name in ("cluster_1", "cluster_2", "cluster_3"):
         assert f"problem: cluster '{name}': no metadata document" in result.stdout
-        assert f"problem: cluster '{name}': migrations not applied: 0001_feed_indexes, 0002_outbox_and_social" in result.stdout
+        assert f"problem: cluster '{name}': migrations not applied: {', '.join(m.id for m in discover())}" in result.stdout
 
 
 def test_unreachable_cluster_named_and_password_hidden(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:

@@ -17,6 +17,9 @@ from router.errors import MigrationError
 from router.storage.clusters import Capabilities, Cluster
 from router.testing.proxy import LegacyHelloProxy
 
+#: The migrations the package ships, in order (each one's own effects are checked below).
+SHIPPED = tuple(m.id for m in discover())
+
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
 
@@ -33,7 +36,7 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
     c, config = cluster
     migrations = discover()
     first = migrate_cluster(c, config, migrations)
-    assert first.applied == ("0001_feed_indexes", "0002_outbox_and_social")
+    assert first.applied == SHIPPED
     assert any("sharding skipped: ferretdb" in s or "sharding skipped: mongodb" in s for s in first.steps)
     db = raw_clients["cluster_1"][db_name]
     indexes = {i["name"]: dict(i["key"]) for i in db.feed.list_indexes()}
@@ -48,15 +51,17 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
         record = db.migrations.find_one({"_id": migration.id})
         assert record is not None and record["checksum"] == migration.checksum and record["applied_at"] is not None
     second = migrate_cluster(c, config, migrations)
-    assert second.applied == () and second.already == ("0001_feed_indexes", "0002_outbox_and_social") and second.steps == ()
-    assert db.migrations.count_documents({}) == 2
+    assert second.applied == () and second.already == SHIPPED and second.steps == ()
+    assert db.migrations.count_documents({}) == len(SHIPPED)
+    seen = {i["name"]: dict(i["key"]) for i in db.seen.list_indexes()}
+    assert seen["receiver_time_key"] == {"receiver_id": 1, "event_time": -1, "key": -1}
 
 
 def test_dry_run_changes_nothing(cluster: Any, raw_clients: Clients, db_name: str) -> None:
     """A dry run lists the commands and writes nothing."""
     c, config = cluster
     report = migrate_cluster(c, config, discover(), dry_run=True)
-    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social")
+    assert report.applied == SHIPPED
     assert any(s.startswith("would run on") and "createIndexes" in s for s in report.steps)
     assert db_name not in raw_clients["cluster_1"].list_database_names()
 
@@ -69,10 +74,10 @@ def test_changed_migration_refused(cluster: Any, tmp_path: Path, raw_clients: Cl
     migrate_cluster(c, config, discover(folder))
     path = folder / "0001_feed_indexes.py"
     path.write_text(path.read_text() + "\n# edited\n")
-    (folder / "0003_more.py").write_text('"""Another."""\ndef apply(ctx):\n    ctx.note("ran")\n')
+    (folder / "0090_more.py").write_text('"""Another."""\ndef apply(ctx):\n    ctx.note("ran")\n')
     with pytest.raises(MigrationError, match=r"migration 0001_feed_indexes was changed after it was applied \(recorded checksum [0-9a-f]{12}, file now [0-9a-f]{12}\)"):
         migrate_cluster(c, config, discover(folder))
-    assert sorted(d["_id"] for d in raw_clients["cluster_1"][db_name].migrations.find({})) == ["0001_feed_indexes", "0002_outbox_and_social"]
+    assert sorted(d["_id"] for d in raw_clients["cluster_1"][db_name].migrations.find({})) == list(SHIPPED)
 
 
 def test_unknown_applied_migration_refused(cluster: Any, raw_clients: Clients, db_name: str) -> None:
@@ -89,10 +94,10 @@ def test_new_migration_applies_after_old(cluster: Any, tmp_path: Path) -> None:
     c, config = cluster
     folder = tmp_path / "migrations"
     shutil.copytree(default_folder(), folder)
-    (folder / "0003_more.py").write_text('"""Another step."""\ndef apply(ctx):\n    ctx.note("ran 0003")\n')
+    (folder / "0090_more.py").write_text('"""Another step."""\ndef apply(ctx):\n    ctx.note("ran 0090")\n')
     report = migrate_cluster(c, config, discover(folder))
-    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social", "0003_more")
-    assert report.steps[-1] == "ran 0003"
+    assert report.applied == (*SHIPPED, "0090_more")
+    assert report.steps[-1] == "ran 0090"
     assert migrate_cluster(c, config, discover(folder)).applied == ()
 
 
@@ -160,6 +165,18 @@ def test_outbox_sharding_command_document() -> None:
     """0002 sends a mongos exactly one document: shard outbox on hashed sender_id."""
     assert _migration("0002_outbox_and_social").sharding_commands("feed") == [
         ("admin", {"shardCollection": "feed.outbox", "key": {"sender_id": "hashed"}}),
+    ]
+
+
+def test_seen_migration_on_a_mongos(cluster: Any) -> None:
+    """On a mongos, 0003 creates the seen-marker index, then shards seen on hashed receiver_id."""
+    c, config = cluster
+    ctx = MigrationContext(c, config, Capabilities(sharded=True, server="mongodb", version="7.0"), dry_run=True)
+    _migration("0003_seen_markers").apply(ctx)
+    assert [command for _, command in ctx.commands] == [
+        {"createIndexes": "seen", "indexes": [{"key": {"receiver_id": 1, "event_time": -1, "key": -1},
+                                                "name": "receiver_time_key"}]},
+        {"shardCollection": f"{config.database}.seen", "key": {"receiver_id": "hashed"}},
     ]
 
 

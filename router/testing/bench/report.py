@@ -22,6 +22,7 @@ from ..localservers import LocalClusters
 from .common import NAMES, SIZES, UTC, Result
 from .edits import bench_delete
 from .fanout import bench_fanout, bench_fanout_memory
+from .notify import bench_type_index, bench_unseen
 from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
 from .writes import bench_cpu, bench_handwritten, bench_writes
 
@@ -34,7 +35,7 @@ def _chart(results: list[Result], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "chart skipped: matplotlib is not installed (pip install 'feed-router[bench]')"
-    shown = [r for r in results if r.ratios and r.name not in ("commands_per_page", "fanout_memory", "pull_pages")]
+    shown = [r for r in results if r.ratios and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index")]
     fig, ax = plt.subplots(figsize=(8, 3.2 + 0.35 * len(shown)))
     names = [r.name for r in shown]
     med = [statistics.median(r.ratios) for r in shown]
@@ -98,6 +99,8 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("delete_ratio", lambda: bench_delete(servers, s.reps, s.deletes)),
             ("fanout_ratio", lambda: bench_fanout(servers, s.fanout, 2 if size == "full" else s.reps)),
             ("fanout_memory", lambda: bench_fanout_memory(servers[0], s.memory)),
+            ("unseen_count", lambda: bench_unseen(servers, s.reps, s.reads)),
+            ("type_index", lambda: bench_type_index(servers, s.writes, s.reps, s.reads)),
         ]
         results = []
         for name, step in steps:

@@ -1,0 +1,187 @@
+"""Notification feeds: a receiver's seen marker, and how many items are newer than it.
+
+**The marker is insert-only.** ``mark_seen`` inserts a document ``{receiver_id, event_time,
+key}`` into ``seen`` in the cluster that owns ``event_time``, then deletes that receiver's
+markers there that sort strictly below it. The marker is the highest document. Two devices
+marking at once each insert their own document, and a cleanup removes only markers below
+the one its caller inserted, so the highest always survives: the marker never moves
+backwards, with no read-modify-write of one shared document (which FerretDB v1 loses under
+concurrency, and which MongoDB would need ``$max`` over two fields for).
+
+**Why the owning cluster.** Periods do not overlap, so the newest cluster that holds any
+marker of a receiver holds the highest one. Reading the marker asks the read window's
+clusters newest first and stops at the first that has one; clusters older than the marker
+are never asked. A marker whose period left the read window is as good as none: every item
+in the window is newer than it.
+
+**Unseen counts** ask each cluster newest first, from the newest down to the marker's,
+once each: a ``count`` with ``limit`` (``cap + 1`` minus what is counted already), so a
+badge of "99+" costs at most 100 index entries. With pulled senders, the inbox and the
+pulled outboxes are asked together for the keys of their newest entries, so a post present
+both as a copy and in a pulled outbox counts once (as a page serves it once).
+
+Example::
+
+    program = unseen_program(UnseenPlan(receiver_id=7, names=("c3", "c2", "c1"), cap=99, ...))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+from bson import ObjectId
+
+from ..cursor import Position
+from ..ids import copy_ids
+from .steps import Concurrently, Count, Delete, Failure, Find, Insert, InsertOutcome, Program
+
+__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_program", "unseen_program"]
+
+log = logging.getLogger(__name__)
+#: The order of a receiver's markers, highest first (the index 0003 creates).
+SEEN_SORT = (("event_time", -1), ("key", -1))
+#: The largest ``cap`` an unseen count takes.
+MAX_CAP = 10_000
+
+
+@attrs.frozen
+class Unseen:
+    """How many items are newer than the receiver's seen marker.
+
+    ``count`` stops at ``cap``: ``capped`` is true when there are more (show "99+").
+    ``marker`` is the seen position (``None``: nothing marked, every item in the read
+    window counts); ``queried`` lists the clusters asked, newest first.
+    """
+
+    count: int
+    capped: bool
+    marker: Position | None
+    queried: tuple[str, ...] = ()
+
+    @property
+    def marked_at(self) -> datetime | None:
+        """The ``event_time`` of the newest item marked seen, or ``None``."""
+        return self.marker.event_time if self.marker is not None else None
+
+
+@attrs.frozen
+class UnseenPlan:
+    """An unseen count's inputs: the receiver, the read window's clusters newest first, the cap and pulled senders."""
+
+    receiver_id: int | str
+    names: tuple[str, ...]
+    cap: int
+    deadline: float
+    pull: tuple[int | str, ...] = ()
+
+
+def _below(position: Position) -> dict[str, Any]:
+    """Markers strictly below *position*."""
+    return {"$or": [{"event_time": {"$lt": position.event_time}}, {"event_time": position.event_time, "key": {"$lt": position.id}}]}
+
+
+def _newer(position: Position | None, field: str = "_id") -> dict[str, Any]:
+    """Entries strictly newer than *position* in page order (nothing to add without a marker)."""
+    if position is None:
+        return {}
+    return {"$or": [{"event_time": {"$gt": position.event_time}}, {"event_time": position.event_time, field: {"$gt": position.id}}]}
+
+
+def mark_program(receiver_id: int | str, position: Position, cluster: str, *, deadline: float) -> Program[Position]:
+    """Record *position* as seen in *cluster* (the owner of its time); return it. Never lowers the marker."""
+    doc = {"_id": ObjectId(), "receiver_id": receiver_id, "event_time": position.event_time, "key": position.id}
+    outcome: InsertOutcome = yield Insert(cluster, "seen", [doc], deadline)
+    if outcome.failure is not None:
+        raise outcome.failure.error
+    if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
+        raise RuntimeError(f"cluster {cluster!r}: the seen marker was refused: {outcome.write_errors[0].message}")
+    cleaned = yield Delete(cluster, "seen", {"receiver_id": receiver_id, **_below(position)}, deadline)
+    if isinstance(cleaned, Failure):  # the marker is stored; the lower ones left are harmless, and go next time
+        log.warning("seen markers below the new one stay for now: %s", cleaned.error, extra={"cluster": cluster})
+    return position
+
+
+def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: float) -> Program[tuple[Position | None, int]]:
+    """The receiver's seen marker and the index in *names* (newest first) of its cluster (``len(names)`` if none).
+
+    Asks one cluster at a time, newest first, and stops at the first that has a marker.
+    """
+    for i, name in enumerate(names):
+        docs = yield Find(name, "seen", {"receiver_id": receiver_id}, deadline, sort=SEEN_SORT, limit=1,
+                          projection={"_id": 0, "event_time": 1, "key": 1})
+        if isinstance(docs, Failure):
+            raise docs.error
+        if docs:
+            return Position(docs[0]["event_time"], docs[0]["key"]), i
+    return None, len(names)
+
+
+def _keys(answer: list[dict[str, Any]] | Failure) -> list[dict[str, Any]]:
+    if isinstance(answer, Failure):
+        raise answer.error
+    return answer
+
+
+def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
+    answer: list[dict[str, Any]] | Failure = yield request
+    return answer
+
+
+def _count_with_pull(plan: UnseenPlan, cluster: str, marker: Position | None, need: int) -> Program[int]:
+    """Distinct entries newer than *marker* in the inbox and the pulled outboxes of *cluster*, up to *need*.
+
+    A list that comes back full means at least *need*; otherwise the union of keys is exact.
+    Outbox entries in the marker's own millisecond are fetched whole (the store cannot order
+    them by the key the page gives them), so none is lost or counted wrongly there.
+    """
+    senders = {"sender_id": {"$in": list(plan.pull)}}
+    time_order = (("event_time", -1), ("_id", -1))
+    requests = [
+        Find(cluster, "feed", {"receiver_id": plan.receiver_id, **_newer(marker)}, plan.deadline, sort=time_order,
+             limit=need, projection={"_id": 1, "event_time": 1}),
+        Find(cluster, "outbox", {**senders, **({"event_time": {"$gt": marker.event_time}} if marker else {})},
+             plan.deadline, sort=time_order, limit=need, projection={"_id": 0, "event_time": 1, "data_key": 1}),
+    ]
+    if marker is not None:
+        requests.append(Find(cluster, "outbox", {**senders, "event_time": marker.event_time}, plan.deadline,
+                             projection={"_id": 0, "event_time": 1, "data_key": 1}))
+    answers = yield Concurrently([_find(r) for r in requests], [cluster] * len(requests))
+    inbox, outbox = _keys(answers[0]), _keys(answers[1])
+    if len(inbox) >= need or len(outbox) >= need:
+        return need
+    seen = {(d["event_time"], d["_id"]) for d in inbox}
+    pulled = outbox + (_keys(answers[2]) if marker is not None else [])
+    for doc in pulled:
+        t: datetime = doc["event_time"]
+        try:
+            (key,) = copy_ids(int(t.timestamp()), doc["data_key"], [plan.receiver_id])
+        except (KeyError, TypeError, ValueError, UnicodeEncodeError):
+            continue  # a page skips such an entry too
+        if marker is None or (t, key.binary) > (marker.event_time, marker.id.binary):
+            seen.add((t, key))
+    return min(len(seen), need)
+
+
+def unseen_program(plan: UnseenPlan) -> Program[Unseen]:
+    """Count items newer than the marker, newest cluster first, down to the marker's cluster, stopping past ``cap``."""
+    marker, at = yield from marker_program(plan.receiver_id, plan.names, deadline=plan.deadline)
+    total, queried = 0, []
+    for i, name in enumerate(plan.names[: at + 1]):
+        need = plan.cap + 1 - total
+        bound = marker if i == at else None  # a cluster newer than the marker's holds only newer items
+        if plan.pull:
+            n = yield from _count_with_pull(plan, name, bound, need)
+        else:
+            answer = yield Count(name, "feed", {"receiver_id": plan.receiver_id, **_newer(bound)}, plan.deadline, limit=need)
+            if isinstance(answer, Failure):
+                raise answer.error
+            n = int(answer)
+        queried.append(name)
+        total += n
+        if total > plan.cap:
+            break
+    return Unseen(min(total, plan.cap), total > plan.cap, marker, tuple(queried))
