@@ -105,9 +105,9 @@ def test_new_migration_applies_after_old(cluster: Any, tmp_path: Path) -> None:
     "name, body, message",
     [
         ("1_bad.py", "def apply(ctx): pass\n", "must be named NNNN_lowercase_words.py"),
-        ("0003_noapply.py", "X = 1\n", "defines no apply"),
+        ("0091_noapply.py", "X = 1\n", "defines no apply"),
         ("0002_again.py", "def apply(ctx): pass\n", "migration number 0002 used twice"),
-        ("0003_broken.py", "def apply(ctx):\n  return (\n", "failed to import"),
+        ("0092_broken.py", "def apply(ctx):\n  return (\n", "failed to import"),
     ],
 )
 def test_bad_migration_files(cluster: Any, tmp_path: Path, name: str, body: str, message: str) -> None:
