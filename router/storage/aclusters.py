@@ -53,7 +53,7 @@ class AsyncCluster:
             self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(spec.uri, **client_options(spec, extra_options))
         except (ConfigurationError, ValueError, TypeError) as exc:
             raise driver_error(self.name, exc, doing="configuring the client", secrets=self.secrets) from exc
-        db = self.client[config.database]
+        db = self.client[config.database_for(spec)]
         self._collections = {role: db[name] for role, name in collection_names(config).items()}
 
     def __repr__(self) -> str:

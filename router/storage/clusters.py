@@ -28,6 +28,7 @@ import attrs
 import pymongo
 from pymongo import MongoClient
 from pymongo.collection import Collection
+from pymongo.database import Database
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
 from ..config import ClusterConfig, RouterConfig
@@ -109,10 +110,17 @@ class Cluster:
             self.client: MongoClient[dict[str, Any]] = MongoClient(spec.uri, **client_options(spec, extra_options))
         except (ConfigurationError, ValueError, TypeError) as exc:
             raise self.error(exc, doing="configuring the client") from exc
-        db = self.client[config.database]
+        #: The database holding this cluster's period (its own, else the top-level one).
+        self.database = config.database_for(spec)
+        db = self.client[self.database]
         self._collections = {role: db[name] for role, name in collection_names(config).items()}
         self.feed: Collection[dict[str, Any]] = self._collections["feed"]
         self.metadata: Collection[dict[str, Any]] = self._collections["metadata"]
+
+    @property
+    def db(self) -> Database[dict[str, Any]]:
+        """This cluster's database on its client (migrations, leases and other operator tools use it)."""
+        return self.client[self.database]
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
