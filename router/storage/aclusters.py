@@ -73,8 +73,7 @@ class AsyncCluster:
         return await self._execute(request)
 
     async def _execute(self, request: IORequest) -> Any:
-        client = self.clients.acquire(self.spec, data=request.collection != "metadata")
-        try:
+        with self.clients.using(self.spec, request.collection) as client:
             left = time_left(request, client)
             if left <= 0:
                 return late(request, self.name)
@@ -84,8 +83,6 @@ class AsyncCluster:
                     return answer(await call())
             except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
                 return failed(request, exc, self.name, self.secrets)
-        finally:
-            self.clients.release(self.spec, client)
 
 
 class AsyncClusters:

@@ -32,9 +32,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -205,6 +206,15 @@ class Deployments(Generic[C]):
         if gone:
             self._closed(gone, emptied)
         return client
+
+    @contextlib.contextmanager
+    def using(self, spec: ClusterConfig, collection: str) -> Iterator[C]:
+        """The client for one request on *collection* (a data request unless it is the metadata), held while in use."""
+        client = self.acquire(spec, data=collection != "metadata")
+        try:
+            yield client
+        finally:
+            self.release(spec, client)
 
     def release(self, spec: ClusterConfig, client: C) -> None:
         """*client* is no longer used by the request that acquired it."""

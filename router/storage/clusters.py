@@ -135,8 +135,7 @@ class Cluster:
 
     def execute(self, request: IORequest) -> Any:
         """Carry out one core request within what is left of its deadline; answer with a value, never raise."""
-        client = self.clients.acquire(self.spec, data=request.collection != "metadata")
-        try:
+        with self.clients.using(self.spec, request.collection) as client:
             left = time_left(request, client)
             if left <= 0:
                 return late(request, self.name)
@@ -146,8 +145,6 @@ class Cluster:
                     return answer(call())
             except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
                 return failed(request, exc, self.name, self.secrets)
-        finally:
-            self.clients.release(self.spec, client)
 
     def ping(self) -> None:
         """Round-trip to the server; raise :class:`ClusterUnavailable` if it does not answer."""
