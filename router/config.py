@@ -24,6 +24,8 @@ Example file::
       retry_backoff: 100ms         # first backoff, doubled each retry, jittered
     refresh_interval: 60s          # how often every router reloads the metadata
     timeout: 10s                   # the longest any call waits for a cluster (retries included)
+    clients:
+      idle_close: 10m              # a deployment's client unused this long is closed (made again on demand)
     celery:                        # optional; fan-out on Celery workers (router.fanout.celery)
       broker: redis://:${REDIS_PASSWORD}@broker.example:6379/0
       visibility_timeout: 1h       # Redis/SQS: an unacknowledged batch is delivered again after this
@@ -33,6 +35,10 @@ Example file::
       - name: cluster_1
         uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
         options: {serverSelectionTimeoutMS: 5000, maxPoolSize: 50}
+      - name: cluster_2            # another period on the same deployment, in a database of its own
+        uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
+        options: {serverSelectionTimeoutMS: 5000, maxPoolSize: 50}
+        database: feed_2024_02     # default: the top-level database
 
 Strings may use ``${VAR}`` or ``${VAR:-default}``; a variable that is unset (and has
 no default) is a config error. Secrets belong in the environment, not the file.
@@ -68,6 +74,7 @@ __all__ = [
     "uri_problem",
     "parse_duration",
     "DRIVER_OPTIONS",
+    "Deployment",
 ]
 
 #: Driver options a cluster may set, with the type each must have.
@@ -98,25 +105,52 @@ DRIVER_OPTIONS: Mapping[str, type | tuple[type, ...]] = {
     "waitQueueTimeoutMS": int,
 }
 
+_DATABASE = re.compile(r"^[^/\\. \"$]{1,63}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+#: The database of every cluster that names none, when the file names none either.
+DEFAULT_DATABASE = "feed"
+#: What identifies a deployment: its URI (without a trailing ``/``) and its driver options.
+Deployment = tuple[str, tuple[tuple[str, Any], ...]]
+
+
 @attrs.frozen(kw_only=True)
 class ClusterConfig:
-    """One cluster from ``clusters.yaml``: its name, URI and driver options.
+    """One cluster (one period's home) from ``clusters.yaml``: its name, URI, driver options and database.
 
+    ``database`` is ``None`` for the top-level ``database``
+    (:meth:`RouterConfig.database_for` resolves it). Several clusters may live on one
+    deployment, each in a database of its own; they share one client.
     ``repr()`` and :attr:`display_uri` never show the password.
     """
 
     name: str
     uri: str = attrs.field(repr=lambda u: repr(masked_uri(u)))
     options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    database: str | None = None
 
     @property
     def display_uri(self) -> str:
         """The URI safe to print or log."""
         return masked_uri(self.uri)
+
+    @property
+    def deployment(self) -> Deployment:
+        """The deployment this cluster is on: clusters with the same URI and options share a client."""
+        return self.uri.rstrip("/"), tuple(sorted((k, _hashable(v)) for k, v in self.options.items()))
+
+
+def _hashable(value: Any) -> Any:
+    """An option's value as a key part (event listeners and other objects by identity)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return id(value)
+    return value
 
 
 @attrs.frozen(kw_only=True)
@@ -170,7 +204,7 @@ class RouterConfig:
     """
 
     clusters: tuple[ClusterConfig, ...]
-    database: str = "feed"
+    database: str = DEFAULT_DATABASE
     feed_collection: str = "feed"
     metadata_collection: str = "metadata"
     read_window: ReadWindow = attrs.field(factory=ReadWindow)
@@ -182,9 +216,15 @@ class RouterConfig:
     pull_threshold: int | None = None
     refresh_interval: timedelta = timedelta(seconds=60)
     timeout: timedelta = timedelta(seconds=10)
+    client_idle_close: timedelta = timedelta(minutes=10)
     rollover: RolloverConfig | None = None
     celery: CeleryConfig | None = None
     source: str = "<config>"
+
+    def database_for(self, cluster: str | ClusterConfig) -> str:
+        """The database that holds *cluster*'s period: its own ``database``, else the top-level one."""
+        spec = next((c for c in self.clusters if c.name == cluster), None) if isinstance(cluster, str) else cluster
+        return (spec.database if spec is not None else None) or self.database
 
 
 class _Reader:
@@ -288,7 +328,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     top = r.mapping(
         root, "", {
             "database", "collections", "read_window", "read", "write", "fanout", "refresh_interval", "timeout", "rollover",
-            "celery", "clusters",
+            "celery", "clusters", "clients",
         }
     )
     if top is None:
@@ -296,7 +336,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
 
     kwargs: dict[str, Any] = {"source": source}
     if "database" in top:
-        kwargs["database"] = r.string(top["database"], "database", pattern=re.compile(r"^[^/\\. \"$]{1,63}$"), hint="must be a MongoDB database name")
+        kwargs["database"] = r.string(top["database"], "database", pattern=_DATABASE, hint="must be a MongoDB database name")
     if "collections" in top:
         cols = r.mapping(top["collections"], "collections", {"feed", "metadata"}) or {}
         for key in ("feed", "metadata"):
@@ -334,7 +374,11 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     elif not isinstance(top["clusters"], yaml.SequenceNode) or not top["clusters"].value:
         r.problem(top["clusters"], "clusters", f"must be a non-empty list (got {r._show(top['clusters'])})")
     else:
-        clusters = _clusters(r, top["clusters"])
+        clusters = _clusters(r, top["clusters"], kwargs.get("database") or DEFAULT_DATABASE)
+    if "clients" in top:
+        clients = r.mapping(top["clients"], "clients", {"idle_close"}) or {}
+        if "idle_close" in clients:
+            kwargs["client_idle_close"] = _duration(r, clients["idle_close"], "clients.idle_close")
     if "refresh_interval" in top:
         kwargs["refresh_interval"] = _duration(r, top["refresh_interval"], "refresh_interval")
     if "timeout" in top:
@@ -445,13 +489,13 @@ def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:
     return ReadWindow(clusters=clusters, max_age=max_age)
 
 
-def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
+def _clusters(r: _Reader, node: yaml.SequenceNode, default_database: str) -> list[ClusterConfig]:
     out: list[ClusterConfig] = []
     names: dict[str, str] = {}
-    uris: dict[str, str] = {}
+    homes: dict[tuple[Deployment, str], str] = {}
     for i, item in enumerate(node.value):
         path = f"clusters[{i}]"
-        spec = r.mapping(item, path, {"name", "uri", "options"})
+        spec = r.mapping(item, path, {"name", "uri", "options", "database"})
         if spec is None:
             continue
         for required in ("name", "uri"):
@@ -470,17 +514,24 @@ def _clusters(r: _Reader, node: yaml.SequenceNode) -> list[ClusterConfig]:
                     r.problem(spec["uri"], f"{path}.uri", f"not a valid MongoDB URI: {reason} (got {masked_uri(uri)!r})")
                     uri = None
         options = _options(r, spec["options"], f"{path}.options") if "options" in spec else {}
+        database = None
+        if "database" in spec:
+            database = r.string(spec["database"], f"{path}.database", pattern=_DATABASE, hint="must be a MongoDB database name")
         if name is not None:
             if name in names:
                 r.problem(spec["name"], f"{path}.name", f"duplicate cluster name, already used by {names[name]} (got {name!r})")
             names.setdefault(name, path)
-        if uri is not None:
-            key = uri.rstrip("/")
-            if key in uris:
-                r.problem(spec["uri"], f"{path}.uri", f"duplicate URI, already used by {uris[key]} (got {masked_uri(uri)!r})")
-            uris.setdefault(key, path)
-        if name is not None and uri is not None:
-            out.append(ClusterConfig(name=name, uri=uri, options=options))
+        if uri is not None and (database is not None or "database" not in spec):
+            cluster = ClusterConfig(name=name or "", uri=uri, options=options, database=database)
+            home = (cluster.deployment, database or default_database)
+            if home in homes:
+                r.problem(
+                    spec["uri"], f"{path}.uri", f"same deployment and database as {homes[home]}: give one of them a database "
+                    f"of its own (got {masked_uri(uri)!r}, database {home[1]!r})"
+                )
+            homes.setdefault(home, path)
+            if name is not None:
+                out.append(attrs.evolve(cluster, name=name))
     return out
 
 

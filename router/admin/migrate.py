@@ -125,7 +125,9 @@ def discover(folder: Path | None = None) -> list[Migration]:
 class MigrationContext:
     """What a migration sees: the cluster, the config, the server's capabilities.
 
-    Every change goes through :meth:`command`, :meth:`create_index` or
+    ``config.database`` is the cluster's own database (:meth:`RouterConfig.database_for`),
+    so a migration that names ``config.database`` works on the cluster's period wherever
+    it lives. Every change goes through :meth:`command`, :meth:`create_index` or
     :meth:`create_collection`; in a dry run they only record what they would do.
     ``steps`` lists each step as a line of text.
     """
@@ -154,7 +156,7 @@ class MigrationContext:
 
     def create_collection(self, name: str) -> None:
         """Create *name* in the feed database unless it exists."""
-        db = self.cluster.client[self.config.database]
+        db = self.cluster.db
         try:
             exists = name in db.list_collection_names(filter={"name": name})
         except PyMongoError as exc:
@@ -162,12 +164,12 @@ class MigrationContext:
         if exists:
             self.note(f"collection {name} exists")
             return
-        self.command(self.config.database, {"create": name})
+        self.command(self.cluster.database, {"create": name})
 
     def create_index(self, collection: str, keys: Sequence[tuple[str, int | str]], *, name: str) -> None:
         """Create an index (a no-op on the server when it exists with the same spec)."""
         self.command(
-            self.config.database,
+            self.cluster.database,
             {"createIndexes": collection, "indexes": [{"key": dict(keys), "name": name}]},
         )
 
@@ -185,7 +187,7 @@ class MigrationReport:
 
 def applied_migrations(cluster: Cluster, config: RouterConfig) -> dict[str, dict[str, Any]]:
     """The migrations recorded in *cluster*, by id."""
-    coll = cluster.client[config.database][MIGRATIONS_COLLECTION]
+    coll = cluster.db[MIGRATIONS_COLLECTION]
     return cluster.call("reading migrations", lambda: {d["_id"]: d for d in coll.find({})})
 
 
@@ -214,8 +216,8 @@ def migrate_cluster(
             )
     pending = [m for m in migrations if m.id not in done]
     caps = cluster.capabilities()
-    ctx = MigrationContext(cluster, config, caps, dry_run=dry_run)
-    coll = cluster.client[config.database][MIGRATIONS_COLLECTION]
+    ctx = MigrationContext(cluster, attrs.evolve(config, database=cluster.database), caps, dry_run=dry_run)
+    coll = cluster.db[MIGRATIONS_COLLECTION]
     for migration in pending:
         module = migration.load()
         ctx.note(f"{'would apply' if dry_run else 'applying'} {migration.id}: {migration.description}")

@@ -193,7 +193,7 @@ def plan_rollover(
 
 def _take_lease(clusters: Clusters, cluster: str, key: str, owner: str, *, now: datetime, ttl: timedelta) -> bool:
     """Take (or renew) the lease *key*; False when another owner holds it unexpired."""
-    coll = clusters[cluster].client[clusters.config.database][LEASES_COLLECTION]
+    coll = clusters[cluster].db[LEASES_COLLECTION]
     try:
         coll.find_one_and_update(
             {"_id": key, "$or": [{"owner": owner}, {"expires_at": {"$lte": now}}]},

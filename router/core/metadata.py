@@ -52,10 +52,11 @@ def inspect_metadata(
     down = {n: a.error for n, a in answers.items() if isinstance(a, Failure)}
     problems: list[str] = []
     metas: list[ClusterMeta] = []
-    coll = f"{config.database}.{config.metadata_collection}"
+    databases = {c.name: config.database_for(c) for c in config.clusters}
     for name, docs in answers.items():
         if isinstance(docs, Failure):
             continue
+        coll = f"{databases.get(name, config.database)}.{config.metadata_collection}"
         if not docs:
             if name not in optional:
                 problems.append(f"cluster {name!r}: no metadata document in {coll}")

@@ -1,4 +1,4 @@
-"""The asynchronous storage: one ``AsyncMongoClient`` per cluster, and the driver that runs core programs on them.
+"""The asynchronous storage: one ``AsyncMongoClient`` per deployment in use, and the driver that runs core programs on them.
 
 The twin of :mod:`router.storage.clusters` for asyncio: the same requests, mapped to the
 same pymongo calls (:mod:`router.storage.requests`), awaited instead of called; at-once
@@ -22,9 +22,8 @@ from typing import Any, TypeVar
 
 import pymongo
 from pymongo import AsyncMongoClient
-from pymongo.errors import ConfigurationError
 
-from ..config import ClusterConfig, RouterConfig
+from ..config import ClusterConfig, Deployment, RouterConfig
 from ..core.metadata import load_timemap
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
@@ -32,48 +31,58 @@ from ..errors import RouterError
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
-from ..uris import uri_password
-from .clusters import client_options, collection_names
-from .errors import driver_error
+from .clients import Collections, Deployments, client_maker, secrets_of
+from .clusters import Clusters
 from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
 
 T = TypeVar("T")
+AsyncClient = AsyncMongoClient[dict[str, Any]]
 
 
 class AsyncCluster:
-    """One configured cluster on an ``AsyncMongoClient``: carries out core requests."""
+    """One configured cluster on its deployment's shared ``AsyncMongoClient``: carries out core requests."""
 
-    def __init__(self, spec: ClusterConfig, config: RouterConfig, *, extra_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, spec: ClusterConfig, config: RouterConfig, *, clients: Deployments[AsyncClient], metadata_reads: asyncio.Semaphore,
+    ) -> None:
         self.name = spec.name
         self.spec = spec
-        self.secrets: tuple[str, ...] = tuple(x for x in (uri_password(spec.uri), spec.options.get("password")) if x)
-        try:
-            self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(spec.uri, **client_options(spec, extra_options))
-        except (ConfigurationError, ValueError, TypeError) as exc:
-            raise driver_error(self.name, exc, doing="configuring the client", secrets=self.secrets) from exc
-        db = self.client[config.database]
-        self._collections = {role: db[name] for role, name in collection_names(config).items()}
+        self.secrets = secrets_of(spec)
+        self.database = config.database_for(spec)
+        self.clients = clients
+        clients.prepare(spec)
+        self._collections = Collections(self.database, config)
+        #: Shared by the clusters on this deployment: how many metadata reads may be in flight on it at once.
+        self._metadata_reads = metadata_reads
 
     def __repr__(self) -> str:
         return f"AsyncCluster({self.name!r}, {self.spec.display_uri!r})"
 
     async def execute(self, request: IORequest) -> Any:
-        """Carry out one core request within what is left of its deadline; answer with a value, never raise."""
-        left = time_left(request, self.client)
-        if left <= 0:
-            return late(request, self.name)
-        call, answer = call_for(request, self._collections[request.collection])
-        try:
-            with pymongo.timeout(left):
-                return answer(await call())
-        except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
-            return failed(request, exc, self.name, self.secrets)
+        """Carry out one core request within what is left of its deadline; answer with a value, never raise.
 
-    async def close(self) -> None:
-        """Close the client's connections."""
-        await self.client.close()
+        Metadata reads wait for one of their deployment's slots first: start-up reads every
+        period's metadata at once, and a thousand periods on one deployment must not ask a
+        thousand connections of its pool (the sync storage's bound is its thread pool).
+        """
+        if request.collection == "metadata":
+            async with self._metadata_reads:
+                return await self._execute(request)
+        return await self._execute(request)
+
+    async def _execute(self, request: IORequest) -> Any:
+        with self.clients.using(self.spec, request.collection) as client:
+            left = time_left(request, client)
+            if left <= 0:
+                return late(request, self.name)
+            call, answer = call_for(request, self._collections.on(client)[request.collection])
+            try:
+                with pymongo.timeout(left):
+                    return answer(await call())
+            except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
+                return failed(request, exc, self.name, self.secrets)
 
 
 class AsyncClusters:
@@ -87,9 +96,22 @@ class AsyncClusters:
         self._refresh = refresh
         self.metrics = metrics
         self.tracing = tracing
+        self._closing: set[asyncio.Task[None]] = set()
+
+        #: The clients, one per deployment, shared by its clusters (see :mod:`router.storage.clients`).
+        self.clients: Deployments[AsyncClient] = Deployments(client_maker(AsyncMongoClient, extra_options), self._let_go, idle_close=config.client_idle_close.total_seconds())
         self._by_name: dict[str, AsyncCluster] = {}
+        slots: dict[Deployment, asyncio.Semaphore] = {}
         for spec in config.clusters:
-            self._by_name[spec.name] = AsyncCluster(spec, config, extra_options=extra_options)
+            reads = slots.setdefault(spec.deployment, asyncio.Semaphore(Clusters.WORKERS_PER_CLUSTER))
+            self._by_name[spec.name] = AsyncCluster(spec, config, clients=self.clients, metadata_reads=reads)
+
+    def _let_go(self, clients: list[AsyncClient], _emptied: list[Any]) -> None:
+        """Close idle clients in a task of their own (closing ends their sessions: a round trip)."""
+        for client in clients:
+            task = asyncio.get_running_loop().create_task(client.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def __getitem__(self, name: str) -> AsyncCluster:
         return self._by_name[name]
@@ -154,10 +176,14 @@ class AsyncClusters:
     async def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
         """Read every cluster's metadata and build the time map (see :func:`router.core.metadata.load_timemap`)."""
         deadline = deadline_in(self.config.timeout.total_seconds())
-        return await self.run(
-            load_timemap(self.names, self.config, deadline=deadline, allow_missing=allow_missing, previous=previous)
-        )
+        try:
+            return await self.run(
+                load_timemap(self.names, self.config, deadline=deadline, allow_missing=allow_missing, previous=previous)
+            )
+        finally:
+            self.clients.release_cold()
 
     async def close(self) -> None:
         """Close every client."""
-        await asyncio.gather(*(c.close() for c in self._by_name.values()), return_exceptions=True)
+        closing = [*self._closing, *(c.close() for c in self.clients.drain())]
+        await asyncio.gather(*closing, return_exceptions=True)

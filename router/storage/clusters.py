@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Collection as AnyCollection
@@ -28,9 +29,10 @@ import attrs
 import pymongo
 from pymongo import MongoClient
 from pymongo.collection import Collection
-from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
+from pymongo.database import Database
+from pymongo.errors import OperationFailure, PyMongoError
 
-from ..config import ClusterConfig, RouterConfig
+from ..config import ClusterConfig, Deployment, RouterConfig
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
@@ -39,44 +41,20 @@ from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
-from ..uris import uri_password
+from .clients import DEFAULT_OPTIONS, Collections, Deployments, client_maker, client_options, collection_names, secrets_of
 from .errors import driver_error
 from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
-__all__ = ["COMMAND_NOT_FOUND", "DEFAULT_OPTIONS", "Capabilities", "Cluster", "Clusters", "client_options", "collection_names"]
+__all__ = [
+    "COMMAND_NOT_FOUND", "DEFAULT_OPTIONS", "Capabilities", "Cluster", "Clusters", "client_options", "collection_names",
+    "sync_deployments",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: The server's error code for a command it does not know.
 COMMAND_NOT_FOUND = 59
-#: Driver defaults, overridden by a cluster's ``options`` in clusters.yaml. Every wait is
-#: bounded: finding a server, opening a connection, each socket read; and every request
-#: of a call by the call's deadline (``timeout`` in clusters.yaml). pymongo's own retry of
-#: reads is off: under a deadline it retries a read until the deadline, so one dead
-#: cluster would take a page's whole time; a page serves the others and owes that one.
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "serverSelectionTimeoutMS": 5000,
-    "connectTimeoutMS": 5000,
-    "socketTimeoutMS": 10000,
-    "retryReads": False,
-    "appname": "feed-router",
-}
-
-
-def client_options(spec: ClusterConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The keyword arguments for this cluster's client (sync or async): defaults, then its options."""
-    return {**DEFAULT_OPTIONS, **spec.options, **(extra or {}), "tz_aware": True}
-
-
-def collection_names(config: RouterConfig) -> dict[str, str]:
-    """The configured name of each collection role the core uses."""
-    return {
-        "feed": config.feed_collection, "metadata": config.metadata_collection, "outbox": "outbox", "fanouts": "fanouts",
-        "fanout_batches": "fanout_batches", "seen": "seen",
-    }
-
-
 @attrs.frozen
 class Capabilities:
     """What a server can do; MongoDB-only steps check these instead of failing at random.
@@ -113,7 +91,11 @@ class Capabilities:
 
 
 class Cluster:
-    """One configured cluster: its name, client and collections.
+    """One configured cluster: its name, database and collections, on its deployment's shared client.
+
+    The client comes from *clients* (the :class:`Clusters`' shared
+    :class:`~router.storage.clients.Deployments`); a cluster made on its own has a
+    private one, closed by :meth:`close`.
 
     Example::
 
@@ -122,19 +104,42 @@ class Cluster:
         cluster.feed.count_documents({})
     """
 
-    def __init__(self, spec: ClusterConfig, config: RouterConfig, *, extra_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, spec: ClusterConfig, config: RouterConfig, *, extra_options: dict[str, Any] | None = None,
+        clients: Deployments[MongoClient[dict[str, Any]]] | None = None,
+    ) -> None:
         self.name = spec.name
         self.spec = spec
         #: The password of this cluster (from the URI or the options), masked in every message.
-        self.secrets: tuple[str, ...] = tuple(x for x in (uri_password(spec.uri), spec.options.get("password")) if x)
-        try:
-            self.client: MongoClient[dict[str, Any]] = MongoClient(spec.uri, **client_options(spec, extra_options))
-        except (ConfigurationError, ValueError, TypeError) as exc:
-            raise self.error(exc, doing="configuring the client") from exc
-        db = self.client[config.database]
-        self._collections = {role: db[name] for role, name in collection_names(config).items()}
-        self.feed: Collection[dict[str, Any]] = self._collections["feed"]
-        self.metadata: Collection[dict[str, Any]] = self._collections["metadata"]
+        self.secrets = secrets_of(spec)
+        #: The database holding this cluster's period (its own, else the top-level one).
+        self.database = config.database_for(spec)
+        self._collections = Collections(self.database, config)
+        self._own = clients is None
+        self.clients = clients or sync_deployments(config, extra_options, lambda _deployments: None)
+        self.clients.prepare(spec)
+
+    @property
+    def client(self) -> MongoClient[dict[str, Any]]:
+        """This cluster's deployment's hot client (made now if it has none), for operator tools."""
+        client = self.clients.acquire(self.spec, data=True)
+        self.clients.release(self.spec, client)
+        return client
+
+    @property
+    def db(self) -> Database[dict[str, Any]]:
+        """This cluster's database on its client (migrations, leases and other operator tools use it)."""
+        return self.client[self.database]
+
+    @property
+    def feed(self) -> Collection[dict[str, Any]]:
+        """This cluster's feed collection."""
+        return self._collections.on(self.client)["feed"]  # type: ignore[no-any-return]
+
+    @property
+    def metadata(self) -> Collection[dict[str, Any]]:
+        """This cluster's metadata collection."""
+        return self._collections.on(self.client)["metadata"]  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
@@ -152,19 +157,21 @@ class Cluster:
 
     def execute(self, request: IORequest) -> Any:
         """Carry out one core request within what is left of its deadline; answer with a value, never raise."""
-        left = time_left(request, self.client)
-        if left <= 0:
-            return late(request, self.name)
-        call, answer = call_for(request, self._collections[request.collection])
-        try:
-            with pymongo.timeout(left):
-                return answer(call())
-        except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
-            return failed(request, exc, self.name, self.secrets)
+        with self.clients.using(self.spec, request.collection) as client:
+            left = time_left(request, client)
+            if left <= 0:
+                return late(request, self.name)
+            call, answer = call_for(request, self._collections.on(client)[request.collection])
+            try:
+                with pymongo.timeout(left):
+                    return answer(call())
+            except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
+                return failed(request, exc, self.name, self.secrets)
 
     def ping(self) -> None:
         """Round-trip to the server; raise :class:`ClusterUnavailable` if it does not answer."""
-        self.call("ping", lambda: self.client.admin.command("ping"))
+        client = self.client
+        self.call("ping", lambda: client.admin.command("ping"))
 
     def capabilities(self) -> Capabilities:
         """Ask the server what it is (``hello``, or ``isMaster`` where ``hello`` is unknown, and ``buildInfo``).
@@ -172,15 +179,16 @@ class Cluster:
         A server whose ``buildInfo`` lacks ``gitVersion`` (not a mongod or mongos build) is
         also asked ``serverStatus``, to recognise mongo-java-server; see :class:`Capabilities`.
         """
+        admin = self.client.admin
         try:
-            hello = self.client.admin.command("hello")
+            hello = admin.command("hello")
         except OperationFailure as exc:
             if exc.code != COMMAND_NOT_FOUND:  # servers before MongoDB 4.4, mongo-java-server: no `hello`
                 raise self.error(exc, doing="hello") from exc
-            hello = self.call("isMaster", lambda: self.client.admin.command("isMaster"))
+            hello = self.call("isMaster", lambda: admin.command("isMaster"))
         except PyMongoError as exc:
             raise self.error(exc, doing="hello") from exc
-        info = self.call("buildInfo", lambda: self.client.admin.command("buildInfo"))
+        info = self.call("buildInfo", lambda: admin.command("buildInfo"))
         if "ferretdbVersion" in info:
             server, version = "ferretdb", info["ferretdbVersion"]
         elif "gitVersion" not in info and self._process_kind() == "java":
@@ -201,22 +209,54 @@ class Cluster:
 
     def metadata_documents(self) -> list[dict[str, Any]]:
         """Every document in this cluster's metadata collection (a valid cluster has one)."""
-        return self.call("reading metadata", lambda: list(self.metadata.find({}, limit=10)))
+        metadata = self.metadata
+        return self.call("reading metadata", lambda: list(metadata.find({}, limit=10)))
 
     def write_meta(self, meta: ClusterMeta) -> None:
         """Store *meta* as this cluster's metadata document (upsert on ``_id``)."""
         if meta.name != self.name:
             raise InvalidItem("name", f"must be the cluster's name {self.name!r} (got {meta.name!r})")
         doc = meta.to_document()
-        self.call("writing metadata", lambda: self.metadata.replace_one({"_id": doc["_id"]}, doc, upsert=True))
+        metadata = self.metadata
+        self.call("writing metadata", lambda: metadata.replace_one({"_id": doc["_id"]}, doc, upsert=True))
 
     def close(self) -> None:
-        """Close the client's connections."""
-        self.client.close()
+        """Close the client, when this cluster has its own (a :class:`Clusters` closes the shared ones)."""
+        if self._own:
+            for client in self.clients.drain():
+                client.close()
+
+
+def sync_deployments(
+    config: RouterConfig, extra_options: dict[str, Any] | None, emptied: Callable[[list[Deployment]], None]
+) -> Deployments[MongoClient[dict[str, Any]]]:
+    """The shared clients of a sync storage: lazy ``MongoClient``\\ s, closed off the caller's thread.
+
+    *emptied* hears of deployments left with no client (their thread pool may go).
+    """
+
+    def closed(clients: list[MongoClient[dict[str, Any]]], deployments: list[Deployment]) -> None:
+        emptied(deployments)
+        # close() ends the client's sessions on the server: a round trip, up to a server
+        # selection timeout when the deployment is down; not on a request's time.
+        threading.Thread(target=_close_all, args=(clients,), name="feed-router-close", daemon=True).start()
+
+    return Deployments(client_maker(MongoClient, extra_options), closed, idle_close=config.client_idle_close.total_seconds())
+
+
+def _close_all(clients: list[MongoClient[dict[str, Any]]]) -> None:
+    for client in clients:
+        try:
+            client.close()
+        except PyMongoError as exc:  # the server is gone: nothing left to end
+            log.debug("closing an idle client: %s", type(exc).__name__)
 
 
 class Clusters:
-    """Every configured cluster, with one small thread pool each; runs core programs.
+    """Every configured cluster, with one small thread pool per deployment in use; runs core programs.
+
+    Clusters on one deployment (same URI and options) share its client and its thread pool;
+    both are made on first use and let go when idle (see :mod:`router.storage.clients`).
 
     Example::
 
@@ -224,7 +264,7 @@ class Clusters:
             timemap = clusters.load_timemap()
     """
 
-    #: Threads per cluster for concurrent calls (writes, deletes, metadata reads).
+    #: Threads per deployment for concurrent calls (writes, deletes, metadata reads).
     WORKERS_PER_CLUSTER = 4
 
     def __init__(
@@ -237,17 +277,16 @@ class Clusters:
         self.metrics = metrics
         self.tracing = tracing
         self._by_name: dict[str, Cluster] = {}
-        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._pools: dict[Deployment, ThreadPoolExecutor] = {}
+        self._pools_lock = threading.Lock()
+        #: The clients, one per deployment, shared by its clusters.
+        self.clients = sync_deployments(config, extra_options, self._end_pools)
         try:
             for spec in config.clusters:
-                self._by_name[spec.name] = Cluster(spec, config, extra_options=extra_options)
+                self._by_name[spec.name] = Cluster(spec, config, clients=self.clients)
         except ClusterUnavailable:
             self.close()
             raise
-        self._pools = {
-            name: ThreadPoolExecutor(max_workers=self.WORKERS_PER_CLUSTER, thread_name_prefix=f"feed-router-{name}")
-            for name in self._by_name
-        }
 
     def __getitem__(self, name: str) -> Cluster:
         return self._by_name[name]
@@ -321,9 +360,30 @@ class Clusters:
             raise first_error
         return results
 
+    def _pool(self, name: str) -> ThreadPoolExecutor | None:
+        """Cluster *name*'s deployment's thread pool, made now if it has none (None: no such cluster)."""
+        cluster = self._by_name.get(name)
+        if cluster is None:
+            return None
+        deployment = cluster.spec.deployment
+        with self._pools_lock:
+            pool = self._pools.get(deployment)
+            if pool is None:
+                pool = self._pools[deployment] = ThreadPoolExecutor(
+                    max_workers=self.WORKERS_PER_CLUSTER, thread_name_prefix=f"feed-router-{name}"
+                )
+            return pool
+
+    def _end_pools(self, deployments: list[Deployment]) -> None:
+        """The deployments' clients are gone: let their idle threads end (work already queued still runs)."""
+        with self._pools_lock:
+            pools = [p for d in deployments if (p := self._pools.pop(d, None)) is not None]
+        for pool in pools:
+            pool.shutdown(wait=False)
+
     def _submit(self, lane: str, program: Program[Any]) -> Future[Any]:
         """Run *program* on *lane*'s pool, in a copy of this context (spans and timeouts carry over)."""
-        pool = self._pools.get(lane)
+        pool = self._pool(lane)
         if pool is None:
             return _failed_future(lane)
         context = contextvars.copy_context()
@@ -348,7 +408,7 @@ class Clusters:
         Errors other than :class:`ClusterUnavailable` propagate (they are bugs or bad input).
         """
         targets = [self._by_name[n] for n in (self._by_name if names is None else names)]
-        futures = [self._pools[c.name].submit(fn, c) for c in targets]
+        futures = [self._pool_of(c.name).submit(fn, c) for c in targets]
         if on_done is not None:
             done = on_done
             for cluster, future in zip(targets, futures):
@@ -369,8 +429,14 @@ class Clusters:
         return results
 
     def submit(self, name: str, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Run ``fn(*args)`` on cluster *name*'s own thread pool; returns a Future."""
-        return self._pools[name].submit(fn, *args)
+        """Run ``fn(*args)`` on cluster *name*'s deployment's thread pool; returns a Future."""
+        return self._pool_of(name).submit(fn, *args)
+
+    def _pool_of(self, name: str) -> ThreadPoolExecutor:
+        pool = self._pool(name)
+        if pool is None:
+            raise KeyError(name)
+        return pool
 
     def _deadline(self) -> float:
         return deadline_in(self.config.timeout.total_seconds())
@@ -380,21 +446,30 @@ class Clusters:
     ) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterUnavailable]]:
         """Read every cluster's metadata: the valid documents, every problem, and the unreachable clusters
         (see :func:`router.core.metadata.inspect_metadata`)."""
-        answers = self.run(read_metadata(self.names, deadline=self._deadline()))
+        try:
+            answers = self.run(read_metadata(self.names, deadline=self._deadline()))
+        finally:
+            self.clients.release_cold()
         return inspect_metadata(answers, self.config, allow_missing=allow_missing)
 
     def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
         """Read every cluster's metadata and build the time map (see :func:`router.core.metadata.load_timemap`)."""
-        return self.run(
-            load_timemap(self.names, self.config, deadline=self._deadline(), allow_missing=allow_missing, previous=previous)
-        )
+        try:
+            return self.run(
+                load_timemap(self.names, self.config, deadline=self._deadline(), allow_missing=allow_missing, previous=previous)
+            )
+        finally:
+            self.clients.release_cold()
 
     def close(self) -> None:
         """Close every client and the thread pools."""
-        for pool in self._pools.values():
+        with self._pools_lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
-        for c in self._by_name.values():
-            c.close()
+        for client in self.clients.drain():
+            client.close()
 
     def __enter__(self) -> Clusters:
         return self

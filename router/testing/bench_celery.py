@@ -73,8 +73,8 @@ def worker_yaml(
                   "retry_backoff": _duration(config.retry_backoff.total_seconds())},
         "celery": {"broker": broker, "visibility_timeout": _duration(visibility_timeout), "retries": retries,
                    "retry_backoff": _duration(retry_backoff)},
-        "clusters": [{"name": c.name, "uri": c.uri, **({"options": dict(c.options)} if c.options else {})}
-                     for c in config.clusters],
+        "clusters": [{"name": c.name, "uri": c.uri, **({"options": dict(c.options)} if c.options else {}),
+                      **({"database": c.database} if c.database else {})} for c in config.clusters],
     }
     return yaml.safe_dump(doc, sort_keys=False)
 

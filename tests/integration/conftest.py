@@ -69,9 +69,11 @@ def make_config(servers: LocalClusters, db_name: str) -> Callable[..., RouterCon
     def make(
         *, window: ReadWindow | None = None, batch_size: int = 1000, uris: Sequence[str] | None = None,
         rollover: RolloverConfig | None = None, timeout: timedelta | None = None, pull_threshold: int | None = None,
-        **options: Any,
+        idle_close: timedelta | None = None, **options: Any,
     ) -> RouterConfig:
         extra: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        if idle_close is not None:
+            extra["client_idle_close"] = idle_close
         if pull_threshold is not None:
             extra["pull_threshold"] = pull_threshold
         return RouterConfig(

@@ -17,11 +17,12 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
     text = out.getvalue()
     names = {r.name for r in results}
     assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "async_reads", "pull_pages", "delete_ratio",
-            "fanout_ratio", "fanout_memory"} <= names
+            "fanout_ratio", "fanout_memory", "scale_startup_sync", "scale_threads_async", "scale_rss_sync",
+            "scale_commands_sync", "scale_commands_async"} <= names
     assert "| measure | router | raw pymongo |" in text
     assert text.rstrip().splitlines()[-1].startswith(f"SUMMARY: {sum(r.passed for r in results)} of {len(results)} targets met")
     data = json.loads((tmp_path / "bench.json").read_text())
     assert len(data["results"]) == len(results) and all(r["router"] for r in data["results"])
-    for exact in ("commands_per_page", "pull_pages"):  # counts, not timings: these must hold at any size
+    for exact in ("commands_per_page", "pull_pages", "scale_commands_sync", "scale_commands_async"):  # counts, not timings: these must hold at any size
         result = next(r for r in results if r.name == exact)
         assert result.passed, result.note

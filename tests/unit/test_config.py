@@ -73,15 +73,16 @@ clusters:
   - uri: mongodb://h:3
 """
     assert problems(text) == [
-        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clusters, collections, database, fanout, read, read_window, refresh_interval, rollover, timeout, write)",
+        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clients, clusters, collections, database, fanout, read, read_window, refresh_interval, rollover, timeout, write)",
         "clusters.yaml:3:25: read_window.clusters: must be at least 1 (got 0)",
         "clusters.yaml:3:37: read_window.max_age: must be a positive duration like 90d, 12h, 4w (got '12x')",
         "clusters.yaml:4:21: write.batch_size: must be an integer (got 'many')",
         "clusters.yaml:8:11: clusters[1].name: duplicate cluster name, already used by clusters[0] (got 'c1')",
         "clusters.yaml:9:10: clusters[1].uri: must be a mongodb:// or mongodb+srv:// URI (got 'localhost')",
-        "clusters.yaml:10:5: clusters[1].bogus: unknown key (expected one of: name, options, uri)",
+        "clusters.yaml:10:5: clusters[1].bogus: unknown key (expected one of: database, name, options, uri)",
         "clusters.yaml:11:11: clusters[2].name: must be 1-64 letters, digits, '_', '.' or '-' (got 'bad name')",
-        "clusters.yaml:12:10: clusters[2].uri: duplicate URI, already used by clusters[0] (got 'mongodb://h:1/')",
+        "clusters.yaml:12:10: clusters[2].uri: same deployment and database as clusters[0]: give one of them a database "
+        "of its own (got 'mongodb://h:1/', database 'feed')",
         "clusters.yaml:13:28: clusters[2].options.maxPoolSize: must be int (got 'x')",
         "clusters.yaml:13:38: clusters[2].options.tls: must be bool (got 1)",
         "clusters.yaml:13:41: clusters[2].options.wat: unknown key (expected one of: "
@@ -264,3 +265,43 @@ def test_social_settings() -> None:
     assert len(messages) == 2
     assert messages[0].startswith("clusters.yaml:10:") and "fanout.pull_threshold" in messages[0]
     assert messages[1].startswith("clusters.yaml:11:") and "read.max_pull" in messages[1]
+
+
+def test_periods_on_one_deployment_each_in_a_database_of_their_own() -> None:
+    """Clusters may share a URI when each names its own database; the default is the top-level one."""
+    config = parse_config(
+        "database: feed\n"
+        "clients: {idle_close: 90s}\n"
+        "clusters:\n"
+        "  - {name: a, uri: 'mongodb://h:1'}\n"
+        "  - {name: b, uri: 'mongodb://h:1/', database: feed_b}\n"
+        "  - {name: c, uri: 'mongodb://h:1', database: feed_c, options: {maxPoolSize: 5}}\n"
+        "  - {name: d, uri: 'mongodb://h:1', options: {maxPoolSize: 5}}\n"
+    )
+    assert [config.database_for(c) for c in config.clusters] == ["feed", "feed_b", "feed_c", "feed"]
+    assert config.database_for("b") == "feed_b"
+    assert config.clusters[0].deployment == config.clusters[1].deployment != config.clusters[2].deployment
+    assert config.clusters[2].deployment == config.clusters[3].deployment
+    assert config.client_idle_close == timedelta(seconds=90)
+
+
+def test_one_database_of_one_deployment_twice_is_refused_where_it_is_written() -> None:
+    """Two entries on the same URI and options with the same database (named or by default) are a config error."""
+    text = (
+        "database: feed\n"
+        "clusters:\n"
+        "  - {name: a, uri: 'mongodb://h:1', database: p1}\n"
+        "  - {name: b, uri: 'mongodb://h:1', database: p1}\n"
+        "  - {name: c, uri: 'mongodb://h:1'}\n"
+        "  - {name: d, uri: 'mongodb://h:1/', database: feed}\n"
+        "  - {name: e, uri: 'mongodb://h:1', database: 'no.dots'}\n"
+        "clients: {idle_close: soon}\n"
+    )
+    assert problems(text) == [
+        "clusters.yaml:4:20: clusters[1].uri: same deployment and database as clusters[0]: give one of them a database "
+        "of its own (got 'mongodb://h:1', database 'p1')",
+        "clusters.yaml:6:20: clusters[3].uri: same deployment and database as clusters[2]: give one of them a database "
+        "of its own (got 'mongodb://h:1/', database 'feed')",
+        "clusters.yaml:7:47: clusters[4].database: must be a MongoDB database name (got 'no.dots')",
+        "clusters.yaml:8:23: clients.idle_close: must be a positive duration like 90d, 12h, 4w (got 'soon')",
+    ]

@@ -24,6 +24,9 @@ from .edits import bench_delete
 from .fanout import bench_fanout, bench_fanout_memory
 from .notify import bench_type_index, bench_unseen
 from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
+from .scale import SIZES as SCALE_SIZES
+from .scale import SMALL_SIZES as SMALL_SCALE_SIZES
+from .scale import bench_scale
 from .writes import bench_cpu, bench_handwritten, bench_writes
 
 
@@ -35,7 +38,9 @@ def _chart(results: list[Result], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "chart skipped: matplotlib is not installed (pip install 'feed-router[bench]')"
-    shown = [r for r in results if r.ratios and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index")]
+    shown = [r for r in results if r.ratios and not r.name.startswith("scale_") and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index")]
+    if not shown:
+        return "chart skipped: no ratio measured in this run"
     fig, ax = plt.subplots(figsize=(8, 3.2 + 0.35 * len(shown)))
     names = [r.name for r in shown]
     med = [statistics.median(r.ratios) for r in shown]
@@ -88,7 +93,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
         env = _environment(servers, local.backend if local else "reused", local.server_description if local else None)
         out.write(f"# feed-router benchmark ({size})\n\n" + "\n".join(f"- {k}: {v}" for k, v in env.items()) + "\n\n")
         out.flush()
-        steps: list[tuple[str, Callable[[], Result]]] = [
+        steps: list[tuple[str, Callable[[], Result | list[Result]]]] = [
             ("cpu_ratio", lambda: bench_cpu(s.cpu, s.reps)),
             ("write_ratio", lambda: bench_writes(servers, s.writes, s.reps)),
             ("handwritten_ratio", lambda: bench_handwritten(servers, s.writes, s.reps)),
@@ -101,14 +106,16 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("fanout_memory", lambda: bench_fanout_memory(servers[0], s.memory)),
             ("unseen_count", lambda: bench_unseen(servers, s.reps, s.reads)),
             ("type_index", lambda: bench_type_index(servers, s.writes, s.reps, s.reads)),
+            ("scale", lambda: bench_scale(servers, SCALE_SIZES if size == "full" else SMALL_SCALE_SIZES)),
         ]
-        results = []
+        results: list[Result] = []
         for name, step in steps:
             if only and name not in only:
                 continue
             out.write(f"running {name} ...\n")
             out.flush()
-            results.append(step())
+            result = step()
+            results += result if isinstance(result, list) else [result]
         out.write("\n| measure | router | raw pymongo | unit | ratio router/raw | target | result |\n"
                   "| --- | --- | --- | --- | --- | --- | --- |\n")
         out.write("\n".join(r.row() for r in results) + "\n\n")
