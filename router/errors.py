@@ -33,6 +33,7 @@ __all__ = [
     "ItemRefused",
     "RouterClosed",
     "UpdateFailed",
+    "ItemDeleted",
 ]
 
 
@@ -265,3 +266,23 @@ class FanOutConflict(RouterError, ValueError):
     def __init__(self, job_id: str, message: str) -> None:
         self.job_id = job_id
         super().__init__(f"fan-out job {job_id!r}: {message}")
+
+
+class ItemDeleted(RouterError):
+    """Raised when a fan-out, publish or resume meets a ``data_key`` that was deleted: a deleted post stays deleted.
+
+    ``delete(data_key)`` leaves a tombstone (:mod:`router.core.fence`) that every
+    fan-out batch, backfill and Celery worker checks, so no copy outlives the delete.
+    ``data_key`` names the post; ``result`` is the :class:`~router.fanout.FanOutResult`
+    of a run the delete stopped (``cancelled``), else None. Publish the post under a new
+    ``data_key`` to show it again.
+    """
+
+    def __init__(self, data_key: str, *, result: Any = None) -> None:
+        self.data_key = data_key
+        self.result = result
+        stopped = ""
+        if result is not None:
+            stopped = (f"; fan-out {result.job_id!r} stopped after {result.batches} batches, "
+                       "its copies removed")
+        super().__init__(f"data_key {data_key!r:.80} was deleted: it is not published again{stopped}")

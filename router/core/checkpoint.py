@@ -180,6 +180,7 @@ class JobStatus:
     ``recorded`` is what the last run or publisher wrote (``running``, ``published``,
     ``done``, ``failed``, ``cancelled``): with ``published``, every batch was handed to
     the workers, so missing batches that stay missing need the job published again.
+    ``reason`` is ``deleted`` once the post was deleted (:func:`router.core.fence.fenced_status`).
     """
 
     job_id: str
@@ -197,6 +198,7 @@ class JobStatus:
     batches_missing: int | None = None
     missing_batches: tuple[int, ...] = ()
     recorded: str = "running"
+    reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The status as plain JSON values."""

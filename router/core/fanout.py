@@ -16,6 +16,10 @@ is a duplicate-key no-op counted ``already_present``. Exactly one copy per recei
 batch numbers are positions in the stream, so a resume must read the same receivers in
 the same order with the same ``batch_size``. Each written batch is recorded in the job's
 checkpoint (:mod:`router.core.checkpoint`).
+
+**Edits.** After its insert a batch reads the post's edit fence (:mod:`router.core.fence`):
+copies of a post deleted meanwhile are removed again, copies of one updated meanwhile get
+the new data, so ``delete`` and ``update`` hold against fan-outs still running.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..model import Activity, copy_documents, to_utc
 from ..observe import Event
 from .checkpoint import millis, record_batch
 from .checks import check_activity, receiver_problem
+from .fence import NEVER, Fence, settle
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
@@ -178,6 +183,8 @@ class BatchOutcome:
     """What writing one batch did. ``complete``: every valid receiver has its copy and none was invalid.
 
     ``stopped`` is set when the cluster itself failed: an engine should stop sending batches.
+    ``fence`` is the post's edit fence as the batch last read it (:mod:`router.core.fence`):
+    when it says ``deleted``, the batch's copies are gone and the engine should stop.
     """
 
     number: int
@@ -189,6 +196,7 @@ class BatchOutcome:
     invalid: int
     errors: tuple[RouterError, ...]
     stopped: Failure | None = None
+    fence: Fence | None = None
 
     @property
     def failed(self) -> int:
@@ -211,13 +219,22 @@ def batch_program(
     active: Callable[[Any], bool] | None = None,
     data: Any = None,
     record: bool = True,
+    known: Fence = NEVER,
 ) -> Program[BatchOutcome]:
-    """Write batch *number* (receivers from stream position *first*) and record it in the checkpoint.
+    """Write batch *number* (receivers from stream position *first*), settle it with the edit fence and record it
+    in the checkpoint.
 
     Receivers that are not valid ids fail alone, named with their stream position; ones
     *active* rejects are skipped. *data* is the activity's data encoded once per job
-    (shared by every copy). The batch gets ``timeout`` seconds, retries included.
+    (shared by every copy). *known* is the newest fence the engine has seen: a deleted
+    post's batch writes nothing, an updated one's writes the new data. After the insert
+    the fence is read (:func:`~router.core.fence.settle`): copies of a post deleted
+    meanwhile are removed again and the batch is not recorded. The batch gets
+    ``timeout`` seconds, retries included.
     """
+    if known.deleted:
+        return BatchOutcome(number=number, receivers=len(receivers), written=0, already_present=0, skipped=0,
+                            failed_receivers=(), invalid=0, errors=(), fence=known)
     valid: list[int | str] = []
     invalid: list[RouterError] = []
     skipped = 0
@@ -231,25 +248,37 @@ def batch_program(
             valid.append(receiver)
     a = job.activity
     ids = copy_ids(job.seconds, a.data_key, valid)
-    docs = copy_documents(ids, valid, a, data=data)
+    docs = copy_documents(ids, valid, a, data=known.data if known.updated else data)
     written = already = 0
     failed: list[int | str] = []
     errors: list[RouterError] = list(invalid)
     stopped: Failure | None = None
+    fence: Fence | None = None
     if docs:
         result = yield from insert_program(
             job.cluster, "feed", docs, policy=policy, deadline=deadline_in(timeout), duplicates="present"
         )
         written, already, stopped = result.written, len(result.present), result.stopped
         failed = [valid[p] for p in sorted(result.failed)]
+        reasons: list[RouterError] = list(result.failed.values())
+        if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
+            settled = yield from settle(job.cluster, "feed", {a.data_key: ids}, seqs={a.data_key: known.seq},
+                                        timeout=timeout)
+            if isinstance(settled, Failure):  # the copies are in doubt until the fence is read: not written
+                written, already, failed, stopped = 0, 0, list(valid), settled
+                reasons.append(settled.error)
+            else:
+                fence = settled[a.data_key]
+                if fence.deleted:  # deleted meanwhile: settle removed them again
+                    written = already = 0
         seen: set[str] = set()
-        for error in result.failed.values():
+        for error in reasons:
             if str(error) not in seen:
                 seen.add(str(error))
                 errors.append(error)
     outcome = BatchOutcome(
         number=number, receivers=len(receivers), written=written, already_present=already, skipped=skipped,
-        failed_receivers=tuple(failed), invalid=len(invalid), errors=tuple(errors), stopped=stopped,
+        failed_receivers=tuple(failed), invalid=len(invalid), errors=tuple(errors), stopped=stopped, fence=fence,
     )
     for outcome_name, count in (("written", written), ("already_present", already), ("skipped", skipped),
                                 ("failed", outcome.failed)):
@@ -258,7 +287,7 @@ def batch_program(
     if invalid:
         log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0],
                     extra={"cluster": job.cluster, "job_id": job.job_id})
-    if record:
+    if record and not (fence is not None and fence.deleted):
         trouble = yield from record_batch(job, outcome, timeout)
         if trouble is not None:
             outcome = attrs.evolve(outcome, errors=outcome.errors + (trouble,))

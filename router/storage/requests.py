@@ -55,7 +55,7 @@ def call_for(request: IORequest, coll: Any) -> Call:
 
 
 _WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": "fan-out checkpoint",
-         "fanout_batches": "fan-out checkpoint"}
+         "fanout_batches": "fan-out checkpoint", "edits": "edit fence"}
 
 
 def describe(request: IORequest) -> str:

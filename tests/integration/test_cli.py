@@ -97,7 +97,7 @@ def test_check_metadata_problem_exits_1(make_config: Callable[..., RouterConfig]
     assert result.returncode == 1
     for name in ("cluster_1", "cluster_2", "cluster_3"):
         assert f"problem: cluster '{name}': no metadata document" in result.stdout
-        assert f"problem: cluster '{name}': migrations not applied: 0001_feed_indexes, 0002_outbox_and_social" in result.stdout
+        assert f"problem: cluster '{name}': migrations not applied: 0001_feed_indexes, 0002_outbox_and_social, 0003_edit_fence" in result.stdout
 
 
 def test_unreachable_cluster_named_and_password_hidden(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
     c, config = cluster
     migrations = discover()
     first = migrate_cluster(c, config, migrations)
-    assert first.applied == ("0001_feed_indexes", "0002_outbox_and_social")
+    assert first.applied == ("0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence")
     assert any("sharding skipped: ferretdb" in s or "sharding skipped: mongodb" in s for s in first.steps)
     db = raw_clients["cluster_1"][db_name]
     indexes = {i["name"]: dict(i["key"]) for i in db.feed.list_indexes()}
@@ -43,20 +43,21 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
     assert outbox["sender_time_id"] == {"sender_id": 1, "event_time": -1, "_id": -1}
     assert outbox["data_key"] == {"data_key": 1}
     assert {i["name"]: dict(i["key"]) for i in db.fanout_batches.list_indexes()}["job"] == {"job": 1}
+    assert {i["name"]: dict(i["key"]) for i in db.edits.list_indexes()}["data_key_seq"] == {"data_key": 1, "seq": -1}
     assert "metadata" in db.list_collection_names()
     for migration in migrations:
         record = db.migrations.find_one({"_id": migration.id})
         assert record is not None and record["checksum"] == migration.checksum and record["applied_at"] is not None
     second = migrate_cluster(c, config, migrations)
-    assert second.applied == () and second.already == ("0001_feed_indexes", "0002_outbox_and_social") and second.steps == ()
-    assert db.migrations.count_documents({}) == 2
+    assert second.applied == () and second.already == ("0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence") and second.steps == ()
+    assert db.migrations.count_documents({}) == 3
 
 
 def test_dry_run_changes_nothing(cluster: Any, raw_clients: Clients, db_name: str) -> None:
     """A dry run lists the commands and writes nothing."""
     c, config = cluster
     report = migrate_cluster(c, config, discover(), dry_run=True)
-    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social")
+    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence")
     assert any(s.startswith("would run on") and "createIndexes" in s for s in report.steps)
     assert db_name not in raw_clients["cluster_1"].list_database_names()
 
@@ -69,10 +70,10 @@ def test_changed_migration_refused(cluster: Any, tmp_path: Path, raw_clients: Cl
     migrate_cluster(c, config, discover(folder))
     path = folder / "0001_feed_indexes.py"
     path.write_text(path.read_text() + "\n# edited\n")
-    (folder / "0003_more.py").write_text('"""Another."""\ndef apply(ctx):\n    ctx.note("ran")\n')
+    (folder / "0004_more.py").write_text('"""Another."""\ndef apply(ctx):\n    ctx.note("ran")\n')
     with pytest.raises(MigrationError, match=r"migration 0001_feed_indexes was changed after it was applied \(recorded checksum [0-9a-f]{12}, file now [0-9a-f]{12}\)"):
         migrate_cluster(c, config, discover(folder))
-    assert sorted(d["_id"] for d in raw_clients["cluster_1"][db_name].migrations.find({})) == ["0001_feed_indexes", "0002_outbox_and_social"]
+    assert sorted(d["_id"] for d in raw_clients["cluster_1"][db_name].migrations.find({})) == ["0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence"]
 
 
 def test_unknown_applied_migration_refused(cluster: Any, raw_clients: Clients, db_name: str) -> None:
@@ -89,10 +90,10 @@ def test_new_migration_applies_after_old(cluster: Any, tmp_path: Path) -> None:
     c, config = cluster
     folder = tmp_path / "migrations"
     shutil.copytree(default_folder(), folder)
-    (folder / "0003_more.py").write_text('"""Another step."""\ndef apply(ctx):\n    ctx.note("ran 0003")\n')
+    (folder / "0004_more.py").write_text('"""Another step."""\ndef apply(ctx):\n    ctx.note("ran 0004")\n')
     report = migrate_cluster(c, config, discover(folder))
-    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social", "0003_more")
-    assert report.steps[-1] == "ran 0003"
+    assert report.applied == ("0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence", "0004_more")
+    assert report.steps[-1] == "ran 0004"
     assert migrate_cluster(c, config, discover(folder)).applied == ()
 
 
@@ -100,9 +101,9 @@ def test_new_migration_applies_after_old(cluster: Any, tmp_path: Path) -> None:
     "name, body, message",
     [
         ("1_bad.py", "def apply(ctx): pass\n", "must be named NNNN_lowercase_words.py"),
-        ("0003_noapply.py", "X = 1\n", "defines no apply"),
+        ("0004_noapply.py", "X = 1\n", "defines no apply"),
         ("0002_again.py", "def apply(ctx): pass\n", "migration number 0002 used twice"),
-        ("0003_broken.py", "def apply(ctx):\n  return (\n", "failed to import"),
+        ("0004_broken.py", "def apply(ctx):\n  return (\n", "failed to import"),
     ],
 )
 def test_bad_migration_files(cluster: Any, tmp_path: Path, name: str, body: str, message: str) -> None:

@@ -96,7 +96,7 @@ def test_operator_grows_the_system(tmp_path: Path, servers: LocalClusters, raw_c
     assert status.returncode == 0, status.stderr
     rows = {row["cluster"]: row for row in json.loads(status.stdout)}
     assert {n: rows[n]["feed_documents"] for n in rows} == expected
-    assert all(rows[n]["reachable"] and rows[n]["migrations"] == ["0001_feed_indexes", "0002_outbox_and_social"] for n in rows)
+    assert all(rows[n]["reachable"] and rows[n]["migrations"] == ["0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence"] for n in rows)
     assert rows["cluster_3"]["period"]["end_date"] is None
     text = op.run("status").stdout
     assert "cluster_2      [2024-04-01T00:00:00Z, 2024-07-01T00:00:00Z)" in text

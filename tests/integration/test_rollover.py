@@ -200,7 +200,7 @@ def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixtu
         assert registry.get_sample_value("feedrouter_next_boundary_timestamp_seconds") == B.timestamp()
         assert isinstance(scheduler.last_error, RolloverError)
         assert "no standby cluster is ready for the rollover at 2024-05-01T00:00:00+00:00" in str(scheduler.last_error)
-        assert "standby cluster 'cluster_3' is not migrated (0001_feed_indexes, 0002_outbox_and_social pending)" in caplog.text
+        assert "standby cluster 'cluster_3' is not migrated (0001_feed_indexes, 0002_outbox_and_social, 0003_edit_fence pending)" in caplog.text
         with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="not migrated"):
             do_rollover(clusters, env.config, now=T0, owner="me")
         assert env.meta()["cluster_3"] == [] and env.meta()["cluster_2"][0].get("end_date") is None

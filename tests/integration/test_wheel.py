@@ -65,6 +65,6 @@ def test_installed_wheel_migrates_adds_clusters_and_checks(
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.rstrip().endswith("ok") and "[2024-01-01T00:00:00Z, open)" in check.stdout
     db = raw_clients["cluster_1"][db_name]
-    assert sorted(d["_id"] for d in db.migrations.find({})) == ["0001_feed_indexes", "0002_outbox_and_social"]
+    assert sorted(d["_id"] for d in db.migrations.find({})) == ["0001_feed_indexes", "0002_outbox_and_social", "0003_edit_fence"]
     assert db.metadata.find_one({"_id": "only"})["creator_name"] == "wheel"
     assert {"receiver_time_id", "data_key_id"} <= set(db.feed.index_information())
