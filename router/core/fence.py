@@ -109,8 +109,9 @@ def fence_of(records: Sequence[Mapping[str, Any]]) -> dict[str, Fence]:
     fences: dict[str, Fence] = {}
     for record in records:
         key, seq = record.get("data_key"), record.get("seq")
-        if not isinstance(key, str) or type(seq) is not int or seq <= 0:
-            continue
+        if not isinstance(key, str) or not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
+            continue  # (a tombstone's seq comes back as bson.Int64, an int)
+        seq = int(seq)
         data = record.get("data") if seq < DELETED else None
         fence = Fence(seq, data if isinstance(data, Mapping) else None)
         fences[key] = fences.get(key, NEVER).newer(fence)
@@ -172,29 +173,22 @@ def settle(
         found = yield from read_fences(cluster, list(pending), deadline)
         if isinstance(found, Failure):
             return found
-        doomed: list[Any] = []
-        newer: dict[str, int] = {}
-        for key, seq in pending.items():
-            fence = fences[key] = found.get(key, NEVER)
-            if fence.deleted:
-                doomed.extend(written[key])
-            elif fence.seq > seq:
-                newer[key] = fence.seq
-        for chunk in _chunks(doomed):
-            answer = yield Delete(cluster, collection, {"_id": {"$in": chunk}}, deadline)
-            if isinstance(answer, Failure):
-                return answer
-        for key in newer:
+        doomed = [key for key in pending if found.get(key, NEVER).deleted]
+        newer = {key: found[key].seq for key, seq in pending.items() if key in found and seq < found[key].seq < DELETED}
+        fences.update({key: found.get(key, NEVER) for key in pending})
+        for key in doomed + list(newer):
             data = fences[key].data
             for chunk in _chunks(written[key]):
-                answer = yield Update(cluster, collection, {"_id": {"$in": chunk}, "data": {"$ne": data}},
-                                      {"$set": {"data": data}}, deadline)
+                # data_key first: FerretDB fetches only that key's documents, then filters the ids
+                match = {"data_key": key, "_id": {"$in": chunk}}
+                answer = yield (Delete(cluster, collection, match, deadline) if key not in newer else
+                                Update(cluster, collection, {**match, "data": {"$ne": data}}, {"$set": {"data": data}},
+                                       deadline))
                 if isinstance(answer, Failure):
                     return answer
         if doomed or newer:
-            log.info("cluster %s: %s: %d documents written under an edit: %d removed, %d keys updated again",
-                     cluster, collection, sum(len(written[k]) for k in newer) + len(doomed), len(doomed), len(newer),
-                     extra={"cluster": cluster})
+            log.info("cluster %s: %s written under an edit: %d keys' documents removed, %d keys' updated again",
+                     cluster, collection, len(doomed), len(newer), extra={"cluster": cluster})
         pending = newer
     return fences
 

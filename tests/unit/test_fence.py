@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
+from bson.int64 import Int64
 
 from router import Activity, ItemDeleted, data_key
 from router.core.checkpoint import job_status
@@ -28,11 +29,12 @@ def batch(number: int, receivers: list[int], **kwargs: object) -> object:
 
 
 def test_newest_record_wins_and_a_tombstone_beats_every_update() -> None:
-    """Per key the highest seq counts; a tombstone is newer than any update; malformed records are ignored."""
+    """Per key the highest seq counts; a tombstone (read back as Int64) is newer than any update; malformed records
+    are ignored."""
     fences = fence_of([
         {"data_key": "a", "seq": 1, "data": {"v": 1}}, {"data_key": "a", "seq": 3, "data": {"v": 3}},
-        {"data_key": "b", "seq": 2, "data": {"v": 2}}, {"data_key": "b", "seq": DELETED, "data": None},
-        {"data_key": "c", "seq": "x"}, {"seq": 4},
+        {"data_key": "b", "seq": 2, "data": {"v": 2}}, {"data_key": "b", "seq": Int64(DELETED), "data": None},
+        {"data_key": "c", "seq": "x"}, {"data_key": "d", "seq": True}, {"seq": 4},
     ])
     assert fences == {"a": Fence(3, {"v": 3}), "b": Fence(DELETED)}
     assert fences["b"].deleted and not fences["a"].deleted and fences["a"].updated and not NEVER.updated
