@@ -180,11 +180,11 @@ def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
     for name, answer in zip(names, answers):
         if not isinstance(answer, Failure) and answer:
             records = yield from read_batches(name, job_id, deadline=deadline)
-            fences = yield from read_fences(name, [str(answer[0].get("data_key"))], deadline)
+            key = str(answer[0].get("data_key"))
+            fences = yield from read_fences(name, [key], deadline)
             if isinstance(fences, Failure):
                 raise fences.error
-            status = job_status(name, answer[0], records)
-            return fenced_status(status, fences.get(str(answer[0].get("data_key")), NEVER))
+            return fenced_status(job_status(name, answer[0], records), fences.get(key, NEVER))
     if failures:
         raise failures[0]
     raise InvalidItem("job_id", f"no cluster has a fan-out job {job_id!r:.80}")

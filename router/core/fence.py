@@ -249,8 +249,9 @@ def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
 
 
 class FenceMemo:
-    """The newest fence this process has seen per ``data_key`` (at most *size* keys): what a Celery worker
-    passes to its next batch of the same post, so a deleted post's queued batches write nothing."""
+    """The newest fence this process has seen per ``data_key`` (at most *size* keys, an update's with its
+    ``data``): what a Celery worker passes to its next batch of the same post, so a deleted post's queued
+    batches write nothing and an updated one's write the new data."""
 
     def __init__(self, size: int = 1024) -> None:
         self._size = size
