@@ -205,7 +205,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the progress of fan-out job JOB (and of JOB/inactive, its inactive receivers' job, "
         "if there is one) from its checkpoint in the owning cluster: batches done, failed and missing, and the "
         "counts of copies. Only batches 0 to the job's batch count - 1 count; it is done when every one of them is. "
-        "Exits 1 if a job failed or was cancelled, or no cluster has JOB.",
+        "A job whose post was deleted shows 'cancelled (deleted)'. Exits 1 if a job failed or was cancelled, or no "
+        "cluster has JOB.",
     )
     status.add_argument("job", metavar="JOB", help="the job id (publish_fan_out returns it)")
 
@@ -431,9 +432,10 @@ def _cmd_worker(args: argparse.Namespace, config: RouterConfig) -> int:
 
 def _describe_job(status: JobStatus) -> list[str]:
     total = "?" if status.batches_total is None else str(status.batches_total)
+    reason = f" ({status.reason})" if status.reason else ""
     lines = [
-        f"{status.job_id}: {status.state} in cluster {status.cluster!r}: {status.batches_done} of {total} batches done "
-        f"({status.recorded}, {status.runs} runs)",
+        f"{status.job_id}: {status.state}{reason} in cluster {status.cluster!r}: {status.batches_done} of {total} "
+        f"batches done ({status.recorded}, {status.runs} runs)",
         f"  copies: {status.written} written, {status.already_present} already present, {status.skipped} skipped",
     ]
     if status.failed_batches:
@@ -442,7 +444,7 @@ def _describe_job(status: JobStatus) -> list[str]:
     if status.batches_missing:
         shown = ", ".join(map(str, status.missing_batches[:20])) + (" ..." if status.batches_missing > 20 else "")
         hint = (": still queued or running, or given up by a worker; publish the job again to resend them"
-                if status.recorded == "published" else "")
+                if status.recorded == "published" and status.reason is None else "")
         lines.append(f"  missing batches ({status.batches_missing}){hint}: {shown}")
     if status.batches_ignored:
         lines.append(f"  ignored: {status.batches_ignored} batch records outside the job's batches (not counted)")

@@ -35,6 +35,7 @@ __all__ = [
     "RouterClosed",
     "UpdateFailed",
     "WrongEventLoop",
+    "ItemDeleted",
 ]
 
 
@@ -291,3 +292,23 @@ class InvalidBatch(InvalidItem):
         self.job_id = job_id
         self.number = number
         RouterError.__init__(self, f"fan-out {job_id!r:.200}: batch {number!r:.40} refused, nothing written: {field}: {message}")
+
+
+class ItemDeleted(RouterError):
+    """Raised when a fan-out, publish or resume meets a ``data_key`` that was deleted: a deleted post stays deleted.
+
+    ``delete(data_key)`` leaves a tombstone (:mod:`router.core.fence`) that every
+    fan-out batch, backfill and Celery worker checks, so no copy outlives the delete.
+    ``data_key`` names the post; ``result`` is the :class:`~router.fanout.FanOutResult`
+    of a run the delete stopped (``cancelled``), else None. Publish the post under a new
+    ``data_key`` to show it again.
+    """
+
+    def __init__(self, data_key: str, *, result: Any = None) -> None:
+        self.data_key = data_key
+        self.result = result
+        stopped = ""
+        if result is not None:
+            stopped = (f"; fan-out {result.job_id!r} stopped after {result.batches} batches, "
+                       "its copies removed")
+        super().__init__(f"data_key {data_key!r:.80} was deleted: it is not published again{stopped}")

@@ -302,8 +302,10 @@ class FeedRouter:
     def delete(self, data_key: str) -> int:
         """Remove every copy of the item *data_key*, and its outbox entry, from every cluster; return how many copies.
 
-        Works in bounded steps, clusters concurrently. If some cluster fails,
-        :class:`DeleteFailed` says which and how many were removed; run it again to finish.
+        Works in bounded steps, clusters concurrently, after leaving a tombstone in each
+        cluster: fan-outs still running remove what they write afterwards and stop, and the
+        key is never fanned out or published again (:class:`ItemDeleted`). If some cluster
+        fails, :class:`DeleteFailed` says which and how many were removed; run it again to finish.
         """
         return self._run("delete", calls.delete(self._view(), data_key))
 
@@ -311,6 +313,8 @@ class FeedRouter:
         """Replace ``data`` in every copy of *data_key* and in its outbox entry; return how many changed.
 
         Same steps and failure rules as :meth:`delete` (:class:`UpdateFailed`); repeatable.
+        Recorded in each cluster's edit fence first, so copies that fan-outs still running
+        write afterwards get the new data too.
         """
         return self._run("update", calls.update(self._view(), data_key, data))
 
@@ -410,9 +414,10 @@ class FeedRouter:
 
         Streaming (at most ``concurrency`` batches of ``batch_size`` in flight), idempotent
         (derived ids: a rerun stores nothing twice) and resumable (a checkpoint per job in
-        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime` or
-        :class:`StaleMetadata` before writing anything, and :class:`FanOutFailed` (with
-        ``.result``) if receivers are left without a copy.
+        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime`,
+        :class:`StaleMetadata` or :class:`ItemDeleted` (the post was deleted) before writing
+        anything, :class:`FanOutFailed` (with ``.result``) if receivers are left without a
+        copy, and :class:`ItemDeleted` (with ``.result``) if the post is deleted while it runs.
         """
         with self._observe.call("fan_out"):
             slots = calls.concurrency(concurrency)

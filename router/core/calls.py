@@ -26,6 +26,7 @@ from .checkpoint import JobStatus, job_status, read_batches
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
+from .fence import NEVER, fenced_status, read_fences, refuse_deleted
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
 from .routing import Routing, routed
@@ -207,9 +208,12 @@ def active_filter(active: object) -> Callable[[Any], bool] | None:
 
 
 def plan_fan_out(view: View, activity: Activity, *, batch_size: object = None, job_id: str | None = None) -> Program[FanOutJob]:
-    """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon); nothing is written."""
+    """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon), and refuse a deleted
+    post (:class:`~router.errors.ItemDeleted`); nothing is written."""
     size = view.config.batch_size if batch_size is None else batch_size
-    return plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
+    job = yield from plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
+    yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=view.settings.timeout)
+    return job
 
 
 def concurrency(value: object) -> int:
@@ -218,7 +222,8 @@ def concurrency(value: object) -> int:
 
 
 def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
-    """``fan_out_status``: a job's progress from its checkpoint, looked up in every configured cluster."""
+    """``fan_out_status``: a job's progress from its checkpoint, looked up in every configured cluster; a job whose
+    post was deleted is ``cancelled`` with reason ``deleted`` (:func:`~router.core.fence.fenced_status`)."""
     if not isinstance(job_id, str) or not job_id:
         raise InvalidItem("job_id", f"must be a non-empty str (got {job_id!r:.80})")
     deadline = deadline_in(view.settings.timeout)
@@ -233,7 +238,11 @@ def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
     for name, answer in zip(names, answers):
         if not isinstance(answer, Failure) and answer:
             records = yield from read_batches(name, job_id, deadline=deadline)
-            return job_status(name, answer[0], records)
+            key = str(answer[0].get("data_key"))
+            fences = yield from read_fences(name, [key], deadline)
+            if isinstance(fences, Failure):
+                raise fences.error
+            return fenced_status(job_status(name, answer[0], records), fences.get(key, NEVER))
     if failures:
         raise failures[0]
     raise InvalidItem("job_id", f"no cluster has a fan-out job {job_id!r:.80}")

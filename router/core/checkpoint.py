@@ -258,6 +258,8 @@ class JobStatus:
     unknown), and ``done`` needs every one of them done. ``batches_ignored`` counts the
     other records: numbers the job cannot have (a task sent by hand before workers
     refused such numbers) or past this run's total (an earlier run read more receivers).
+
+    ``reason`` is ``deleted`` once the post was deleted (:func:`router.core.fence.fenced_status`).
     """
 
     job_id: str
@@ -276,6 +278,7 @@ class JobStatus:
     missing_batches: tuple[int, ...] = ()
     recorded: str = "running"
     batches_ignored: int = 0
+    reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The status as plain JSON values."""

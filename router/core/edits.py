@@ -10,6 +10,10 @@ SQLite, 65,535 on PostgreSQL) is retried at a quarter of the size. Every request
 its own ``timeout``; a call that fails part-way is finished by calling it again.
 Clusters are edited concurrently; big jobs log their progress.
 
+``delete`` and ``update`` first leave their record in each cluster's edit fence
+(:mod:`router.core.fence`), then edit the copies: a fan-out batch, backfill or publish
+still running writes, reads the fence, and removes (or updates) what it just wrote.
+
 On MongoDB each step is an index scan. On FerretDB, which filters ranges after fetching
 every match, a step costs time in proportion to the matches left.
 
@@ -21,13 +25,14 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
-from .policy import deadline_in
+from .fence import mark_deleted, mark_updated
+from .policy import RetryPolicy, deadline_in
 from .steps import Collection, Concurrently, Delete, Failure, Find, Program, Update, UpdateOutcome
 
 __all__ = ["EditSettings", "delete_program", "unfollow_program", "update_program"]
@@ -39,14 +44,18 @@ PROGRESS_EVERY = 10
 
 @attrs.frozen
 class EditSettings:
-    """Documents per step (a target), ids sampled to place each step, and the timeout (seconds) of each request."""
+    """Documents per step (a target), ids sampled to place each step, the timeout (seconds) of each request,
+    and the retries of the edit's fence record (an insert)."""
 
     step: int = 10_000
     sample: int = 10_000
     timeout: float = 10.0
+    policy: RetryPolicy = RetryPolicy()
 
 
 _Outcome = tuple[int, ClusterUnavailable | None]
+#: What an edit leaves in a cluster's fence before it edits any copy there.
+_Fence = Callable[[str], Program[ClusterUnavailable | None]]
 
 
 def _in_steps(
@@ -114,11 +123,16 @@ def _outbox(cluster: str, match: Mapping[str, Any], settings: EditSettings, *,
 
 def _everywhere(
     names: Sequence[str], match: Mapping[str, Any], settings: EditSettings, *, outbox: Mapping[str, Any] | None,
-    update: Mapping[str, Any] | None, what: str,
+    update: Mapping[str, Any] | None, what: str, fence: _Fence | None = None,
 ) -> Program[tuple[int, dict[str, ClusterUnavailable]]]:
-    """Apply one edit to the feed (and, with *outbox*, the outbox) of every named cluster, concurrently."""
+    """Apply one edit to the feed (and, with *outbox*, the outbox) of every named cluster, concurrently;
+    with *fence*, each cluster's fence record first."""
 
     def one(cluster: str) -> Program[_Outcome]:
+        if fence is not None:
+            fenced = yield from fence(cluster)
+            if fenced is not None:
+                return 0, fenced
         count, error = yield from _in_steps(cluster, "feed", match, settings, update=update, what=what)
         if error is None and outbox is not None:  # the outbox entry is edited too, but not counted
             error = yield from _outbox(cluster, outbox, settings, update=update)
@@ -133,10 +147,14 @@ def _everywhere(
 def delete_program(data_key: str, names: Sequence[str], settings: EditSettings) -> Program[int]:
     """Remove every copy of *data_key*, and its outbox entry, from every named cluster; return how many copies.
 
-    Raises :class:`DeleteFailed` (``deleted``, ``failed`` by cluster) when a cluster fails; run it again.
+    Each cluster gets the key's tombstone first, so no fan-out, backfill or publish brings
+    a copy back (:mod:`router.core.fence`). Raises :class:`DeleteFailed` (``deleted``, ``failed`` by cluster) when a cluster fails; run it again.
     """
     match = {"data_key": data_key}
-    deleted, failed = yield from _everywhere(names, match, settings, outbox=match, update=None, what=f"delete {data_key}")
+    deleted, failed = yield from _everywhere(
+        names, match, settings, outbox=match, update=None, what=f"delete {data_key}",
+        fence=lambda cluster: mark_deleted(cluster, data_key, policy=settings.policy, timeout=settings.timeout),
+    )
     if failed:
         raise DeleteFailed(deleted, failed)
     return deleted
@@ -146,11 +164,13 @@ def update_program(data_key: str, data: Mapping[str, Any], names: Sequence[str],
     """Replace ``data`` in every copy of *data_key* and in its outbox entry, every named cluster; return how many
     copies changed.
 
-    Raises :class:`UpdateFailed` (``updated``, ``failed`` by cluster) when a cluster fails; run it again.
+    Each cluster records the update in its fence first, so a copy written later by a
+    fan-out still running gets the new data too (:mod:`router.core.fence`). Raises :class:`UpdateFailed` (``updated``, ``failed`` by cluster) when a cluster fails; run it again.
     """
     match = {"data_key": data_key, "data": {"$ne": data}}
     updated, failed = yield from _everywhere(
-        names, match, settings, outbox=match, update={"$set": {"data": data}}, what=f"update {data_key}"
+        names, match, settings, outbox=match, update={"$set": {"data": data}}, what=f"update {data_key}",
+        fence=lambda cluster: mark_updated(cluster, data_key, data, policy=settings.policy, timeout=settings.timeout),
     )
     if failed:
         raise UpdateFailed(updated, failed)

@@ -18,6 +18,11 @@ the same order with the same ``batch_size``. Each written batch is recorded in t
 checkpoint (:mod:`router.core.checkpoint`). A batch the job cannot have (a number out of
 range, a wrong position, more receivers than ``batch_size``) is refused before anything is
 written, in every engine (:func:`~router.core.checkpoint.check_batch`).
+
+
+**Edits.** After its insert a batch reads the post's edit fence (:mod:`router.core.fence`):
+copies of a post deleted meanwhile are removed again, copies of one updated meanwhile get
+the new data, so ``delete`` and ``update`` hold against fan-outs still running.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ..model import Activity, copy_documents, to_utc
 from ..observe import Event
 from .checkpoint import admit_batch, check_batch, millis, record_batch
 from .checks import check_activity, receiver_problem
+from .fence import NEVER, Fence, settle
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
@@ -185,6 +191,8 @@ class BatchOutcome:
     """What writing one batch did. ``complete``: every valid receiver has its copy and none was invalid.
 
     ``stopped`` is set when the cluster itself failed: an engine should stop sending batches.
+    ``fence`` is the post's edit fence as the batch last read it (:mod:`router.core.fence`):
+    when it says ``deleted``, the batch's copies are gone and the engine should stop.
     """
 
     number: int
@@ -196,6 +204,7 @@ class BatchOutcome:
     invalid: int
     errors: tuple[RouterError, ...]
     stopped: Failure | None = None
+    fence: Fence | None = None
 
     @property
     def failed(self) -> int:
@@ -219,12 +228,18 @@ def batch_program(
     data: Any = None,
     record: bool = True,
     admit: bool = False,
+    known: Fence = NEVER,
 ) -> Program[BatchOutcome]:
-    """Write batch *number* (receivers from stream position *first*) and record it in the checkpoint.
+    """Write batch *number* (receivers from stream position *first*), settle it with the edit fence and record it
+    in the checkpoint.
 
     Receivers that are not valid ids fail alone, named with their stream position; ones
     *active* rejects are skipped. *data* is the activity's data encoded once per job
-    (shared by every copy). The batch gets ``timeout`` seconds, retries included.
+    (shared by every copy). *known* is the newest fence the engine has seen: a deleted
+    post's batch writes nothing, an updated one's writes the new data. After the insert
+    the fence is read (:func:`~router.core.fence.settle`): copies of a post deleted
+    meanwhile are removed again and the batch is not recorded. The batch gets
+    ``timeout`` seconds, retries included.
 
     A batch the job cannot have raises :class:`~router.errors.InvalidBatch` before
     anything is written. With *admit* (a batch that comes from elsewhere, e.g. a Celery
@@ -235,6 +250,9 @@ def batch_program(
         yield from admit_batch(job, number, first, len(receivers), deadline=deadline_in(timeout))
     else:
         check_batch(job, number, first, len(receivers))
+    if known.deleted:
+        return BatchOutcome(number=number, receivers=len(receivers), written=0, already_present=0, skipped=0,
+                            failed_receivers=(), invalid=0, errors=(), fence=known)
     valid: list[int | str] = []
     invalid: list[RouterError] = []
     skipped = 0
@@ -248,25 +266,37 @@ def batch_program(
             valid.append(receiver)
     a = job.activity
     ids = copy_ids(job.seconds, a.data_key, valid)
-    docs = copy_documents(ids, valid, a, data=data)
+    docs = copy_documents(ids, valid, a, data=known.data if known.updated else data)
     written = already = 0
     failed: list[int | str] = []
     errors: list[RouterError] = list(invalid)
     stopped: Failure | None = None
+    fence: Fence | None = None
     if docs:
         result = yield from insert_program(
             job.cluster, "feed", docs, policy=policy, deadline=deadline_in(timeout), duplicates="present"
         )
         written, already, stopped = result.written, len(result.present), result.stopped
         failed = [valid[p] for p in sorted(result.failed)]
+        reasons: list[RouterError] = list(result.failed.values())
+        if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
+            settled = yield from settle(job.cluster, "feed", {a.data_key: ids}, seqs={a.data_key: known.seq},
+                                        timeout=timeout)
+            if isinstance(settled, Failure):  # the copies are in doubt until the fence is read: not written
+                written, already, failed, stopped = 0, 0, list(valid), settled
+                reasons.append(settled.error)
+            else:
+                fence = settled[a.data_key]
+                if fence.deleted:  # deleted meanwhile: settle removed them again
+                    written = already = 0
         seen: set[str] = set()
-        for error in result.failed.values():
+        for error in reasons:
             if str(error) not in seen:
                 seen.add(str(error))
                 errors.append(error)
     outcome = BatchOutcome(
         number=number, receivers=len(receivers), written=written, already_present=already, skipped=skipped,
-        failed_receivers=tuple(failed), invalid=len(invalid), errors=tuple(errors), stopped=stopped,
+        failed_receivers=tuple(failed), invalid=len(invalid), errors=tuple(errors), stopped=stopped, fence=fence,
     )
     for outcome_name, count in (("written", written), ("already_present", already), ("skipped", skipped),
                                 ("failed", outcome.failed)):
@@ -275,7 +305,7 @@ def batch_program(
     if invalid:
         log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0],
                     extra=job.log_extra)
-    if record:
+    if record and not (fence is not None and fence.deleted):
         trouble = yield from record_batch(job, outcome, timeout)
         if trouble is not None:
             outcome = attrs.evolve(outcome, errors=outcome.errors + (trouble,))

@@ -42,7 +42,7 @@ from .steps import Concurrently, Count, Delete, Failure, Find, Insert, InsertOut
 __all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_program", "unseen_program"]
 
 log = logging.getLogger(__name__)
-#: The order of a receiver's markers, highest first (the index 0003 creates).
+#: The order of a receiver's markers, highest first (the index 0004 creates).
 SEEN_SORT = (("event_time", -1), ("key", -1))
 #: The largest ``cap`` an unseen count takes.
 MAX_CAP = 10_000

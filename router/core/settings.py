@@ -33,7 +33,7 @@ class Settings:
         policy = RetryPolicy(attempts=config.write_retries + 1, backoff=config.retry_backoff.total_seconds())
         return cls(
             write=WriteSettings(batch_size=config.batch_size, policy=policy, timeout=timeout),
-            edit=EditSettings(timeout=timeout),
+            edit=EditSettings(timeout=timeout, policy=policy),
             timeout=timeout,
             max_pull=config.max_pull,
             pull_threshold=config.pull_threshold,

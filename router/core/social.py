@@ -14,6 +14,10 @@
   at most ``limit``) into one receiver's feed with the same derived ``_id``\\ s fan-out
   uses, so racing a live fan-out, or running twice, leaves one copy each. It rebuilds a
   dormant user's inbox and backs ``follow``.
+
+Both read the edit fence after writing (:func:`~router.core.fence.settle`): an outbox
+entry or a copy of a post deleted meanwhile is removed again (``publish`` then raises
+:class:`~router.errors.ItemDeleted`), one of a post updated meanwhile gets the new data.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import InvalidItem
+from ..errors import InvalidItem, ItemDeleted
 from ..ids import copy_ids, outbox_id
 from ..model import Activity, copy_documents, outbox_document, to_utc
 from ..timemap import ReadWindow, TimeMap
 from .fanout import FanOutJob
+from .fence import settle
 from .policy import RetryPolicy, deadline_in
 from .reads import PAGE_SORT
 from .steps import Failure, Find, Program
@@ -47,7 +52,8 @@ MAX_BACKFILL = 10_000
 def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float) -> Program[bool]:
     """Store the job's activity in its author's outbox; True if it is new, False if it was there already.
 
-    Raises the cluster's error if it cannot be stored: nothing is fanned out then.
+    Raises the cluster's error if it cannot be stored, and :class:`ItemDeleted` (the entry
+    removed again) for a post deleted before or while it was stored: nothing is fanned out then.
     """
     a = job.activity
     doc = outbox_document(outbox_id(job.seconds, a.data_key), a)
@@ -55,6 +61,11 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float) -> Prog
                                        duplicates="present")
     if result.failed:
         raise result.failed[0]
+    fences = yield from settle(job.cluster, "outbox", {a.data_key: [doc["_id"]]}, timeout=timeout)
+    if isinstance(fences, Failure):
+        raise fences.error
+    if fences[a.data_key].deleted:
+        raise ItemDeleted(a.data_key)
     return result.written == 1
 
 
@@ -150,17 +161,24 @@ def backfill_program(
         read.append(cluster)
         remaining -= len(found)
         docs: list[dict[str, Any]] = []
+        written_ids: dict[str, list[Any]] = {}
         for entry in found:
             activity = Activity.from_document(entry)
             (oid,) = copy_ids(int(activity.event_time.timestamp()), activity.data_key, [receiver_id])
             docs.extend(copy_documents([oid], [receiver_id], activity))
+            written_ids.setdefault(activity.data_key, []).append(oid)
         if docs:
             result = yield from insert_program(cluster, "feed", docs, policy=policy, deadline=deadline,
                                                duplicates="present")
             if result.failed:
                 raise next(iter(result.failed.values()))
-            written += result.written
-            present += len(result.present)
+            fences = yield from settle(cluster, "feed", written_ids, timeout=timeout)
+            if isinstance(fences, Failure):
+                raise fences.error
+            gone = {p for p, doc in enumerate(docs) if fences[doc["data_key"]].deleted}  # deleted meanwhile: removed
+            present_now = set(result.present)
+            written += result.written - len(gone - present_now)
+            present += len(present_now - gone)
         period = next(m for m in timemap.periods if m.name == cluster)
         if after is not None and period.start_date <= after:
             break  # older clusters hold nothing newer than `since`

@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import FanOutFailed, RouterError
+from ..errors import FanOutFailed, ItemDeleted, RouterError
 from .checkpoint import finish_checkpoint
 from .fanout import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob
+from .fence import NEVER, Fence
 from .steps import Program
 
 __all__ = ["FanOutProgress", "FanOutResult", "Tally"]
@@ -59,7 +60,8 @@ class FanOutResult:
     * ``errors``: the first :data:`~router.core.fanout.MAX_ERRORS` distinct errors, including
       checkpoint updates that failed (those alone do not fail the job).
     * ``complete``: every receiver was read and every batch sent; ``cancelled``: stopped
-      by ``cancel()`` or ``close()``.
+      by ``cancel()`` or ``close()``, or because the post was deleted (``reason``
+      ``"deleted"``: the run raises :class:`~router.errors.ItemDeleted` with this result).
     """
 
     job_id: str
@@ -76,6 +78,7 @@ class FanOutResult:
     elapsed_seconds: float
     complete: bool
     cancelled: bool = False
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -140,10 +143,11 @@ class Tally:
     def progress(self) -> FanOutProgress:
         return FanOutProgress(**self.counts())
 
-    def result(self, job_id: str, cluster: str, *, complete: bool, cancelled: bool) -> FanOutResult:
+    def result(self, job_id: str, cluster: str, *, complete: bool, cancelled: bool,
+               reason: str | None = None) -> FanOutResult:
         return FanOutResult(
             job_id=job_id, cluster=cluster, failed_receivers=tuple(self.failed_receivers), errors=tuple(self.errors),
-            complete=complete, cancelled=cancelled, **self.counts(),
+            complete=complete, cancelled=cancelled, reason=reason, **self.counts(),
         )
 
 
@@ -152,8 +156,10 @@ class RunState:
 
     Counts (:class:`Tally`), the cancel switch, and why it stopped early: the cluster
     failed (``gave_up``: the run ends in :class:`FanOutFailed`) or the receivers, the
-    ``active`` predicate or a bug raised (``raised``: re-raised as it is). *lock* guards
-    the counts where batches finish on several threads.
+    ``active`` predicate or a bug raised (``raised``: re-raised as it is), or the post
+    was deleted (``fence``, the newest edit fence a batch saw, passed to the next
+    batches: the run ends in :class:`ItemDeleted`). *lock* guards the counts where
+    batches finish on several threads.
     """
 
     def __init__(self, job: FanOutJob, *, lock: AbstractContextManager[Any] | None = None) -> None:
@@ -164,6 +170,7 @@ class RunState:
         self.stopping = False
         self.gave_up: BaseException | None = None
         self.raised: BaseException | None = None
+        self.fence: Fence = NEVER
 
     def progress(self) -> FanOutProgress:
         with self.lock:
@@ -207,9 +214,12 @@ class RunState:
         self.stop(trouble, raised=True)
 
     def add(self, outcome: BatchOutcome) -> None:
-        """Count a written batch; a batch whose cluster failed stops the run."""
+        """Count a written batch; a batch whose cluster failed, or that found the post deleted, stops the run."""
         with self.lock:
             self.tally.add(outcome)
+            self.fence = self.fence.newer(outcome.fence)
+        if self.fence.deleted:
+            self.stopping = True
         if outcome.stopped is not None:
             log.error("fan-out %r: batch %d: %d receivers not written: %s", self.job.job_id, outcome.number,
                       len(outcome.failed_receivers), outcome.stopped.error, extra=self.job.log_extra)
@@ -223,11 +233,14 @@ class RunState:
         """
         job = self.job
         trouble = self.raised or self.gave_up
-        complete = read_all and trouble is None
-        cancelled = self.cancelled and not complete
+        deleted = self.fence.deleted and self.raised is None
+        complete = read_all and trouble is None and not deleted
+        cancelled = (self.cancelled or deleted) and not complete
         status: Literal["done", "failed", "cancelled"]
         text: str | None
-        if complete and self.tally.failed == 0:
+        if deleted:
+            status, text = "cancelled", f"deleted: data_key {job.activity.data_key!r} was deleted while it ran"
+        elif complete and self.tally.failed == 0:
             status, text = "done", None
         else:
             status = "cancelled" if cancelled and trouble is None else "failed"
@@ -241,11 +254,15 @@ class RunState:
                     self.tally.note(error)
         with self.lock:
             self.tally.finished = time.monotonic()
-            result = self.tally.result(job.job_id, job.cluster, complete=complete, cancelled=cancelled)
+            result = self.tally.result(job.job_id, job.cluster, complete=complete, cancelled=cancelled,
+                                       reason="deleted" if deleted else None)
         if self.raised is not None:
             log.error("fan-out %r stopped: %s: %s", job.job_id, type(self.raised).__name__, self.raised, exc_info=self.raised,
                       extra=job.log_extra)
             raise self.raised
+        if deleted:
+            log.info("fan-out %r stopped after %d batches: its post was deleted", job.job_id, result.batches)
+            raise ItemDeleted(job.activity.data_key, result=result)
         if not result.ok:
             failure = FanOutFailed(result)
             log.error("%s", failure, extra=job.log_extra)

@@ -52,6 +52,11 @@ included, so its ``data`` must be JSON: :func:`publish_fan_out` refuses anything
 receiver ids and the positions to skip. No pickle; no result backend: progress is read
 from the checkpoint.
 
+**Edits.** A batch reads the post's edit fence after writing, like every engine's
+(:mod:`router.core.fence`): batches of a post deleted meanwhile, queued or redelivered,
+remove what they wrote and are acknowledged, not retried. Each worker process remembers
+the newest fence it saw per post, so its later batches of a deleted post write nothing.
+
 Queues, and how batches are numbered when inactive receivers are included, are in
 :mod:`router.fanout.celery_plan`.
 """
@@ -76,6 +81,7 @@ from ..core.calls import Active, active_filter
 from ..core.checkpoint import finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
+from ..core.fence import NEVER, FenceMemo
 from ..core.settings import Settings
 from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity
@@ -158,6 +164,8 @@ class WorkerClusters:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._clusters: Clusters | None = None
+        #: The newest edit fence this process has seen per post, passed to its next batches.
+        self.fences = FenceMemo()
 
     def get(self) -> tuple[Clusters, Settings]:
         """This process's clusters and settings; raises :class:`RouterError` for an app made without a config."""
@@ -224,7 +232,8 @@ def make_app(
         try:
             again = bool((self.request.delivery_info or {}).get("redelivered"))
             with holder.observer.call("fan_out_batch"):
-                outcome = write_batch(clusters, settings, job, number, first, receivers, skip or [], redelivered=again)
+                outcome = write_batch(clusters, settings, job, number, first, receivers, skip or [], redelivered=again,
+                                      fences=holder.fences)
         except (InvalidItem, FanOutConflict) as exc:  # a poison message: no delivery of it can ever be written
             text = str(exc) if isinstance(exc, InvalidBatch) else f"batch {number!r:.40}: {exc}"
             log.error("%s; the task is rejected for good (never retried)", text)
@@ -287,14 +296,16 @@ def app_from_config(config: RouterConfig, *, broker: str | None = None, **observ
 
 def write_batch(
     clusters: Clusters, settings: Settings, job: Any, number: Any, first: Any, receivers: Any, skip: Sequence[Any], *,
-    redelivered: bool = False,
+    redelivered: bool = False, fences: FenceMemo | None = None,
 ) -> BatchOutcome:
     """What a task does: write batch *number* of *job* (its JSON) with ``batch_program``; raise to be retried.
 
-    Raises :class:`InvalidItem` for malformed arguments, :class:`InvalidBatch` for a batch
-    the job cannot have and :class:`FanOutConflict` for another job's checkpoint, before
-    anything is written (none is worth retrying); :class:`BatchNotWritten` when the
-    cluster failed or the batch's record was not saved.
+    *fences* is the process's memory of edit fences: a batch of a post known deleted writes
+    nothing; what a batch learns is remembered. Raises :class:`InvalidItem` for malformed
+    arguments, :class:`InvalidBatch` for a batch the job cannot have and
+    :class:`FanOutConflict` for another job's checkpoint, before anything is written (none
+    is worth retrying); :class:`BatchNotWritten` when the cluster failed or the batch's
+    record was not saved.
     """
     fanout = FanOutJob.from_json(job)
     if not isinstance(receivers, list):
@@ -305,13 +316,20 @@ def write_batch(
                     and receiver_problem(receivers[i]) is None}
         active = lambda receiver: receiver not in left_out  # noqa: E731
     data = fanout.encoded_data()
+    key = fanout.activity.data_key
     try:
         outcome = clusters.run(batch_program(
             fanout, number, first, receivers, policy=settings.write.policy, timeout=settings.timeout, active=active,
-            data=data, admit=True,
+            data=data, admit=True, known=fences.known(key) if fences is not None else NEVER,
         ))
     except ClusterUnavailable as exc:  # the checkpoint could not be read to admit the batch
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {exc}") from exc
+    if fences is not None:
+        fences.learn(key, outcome.fence)
+    if outcome.fence is not None and outcome.fence.deleted:
+        log.info("fan-out %r: batch %d: its post was deleted; nothing of it is kept", fanout.job_id, number,
+                 extra=fanout.log_extra)
+        return outcome
     trouble: RouterError | None = outcome.stopped.error if outcome.stopped is not None else None
     if trouble is None:  # a copy left in doubt by the cluster, or the record not saved: worth another try
         trouble = next((e for e in outcome.errors if isinstance(e, ClusterUnavailable)), None)

@@ -21,8 +21,8 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
-from ..core.checkpoint import open_checkpoint
 from ..core.fanout import FanOutJob, batch_program, positive_int, receiver_stream
+from ..core.fence import start_job
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
@@ -91,7 +91,7 @@ class AsyncFanOutRun(RunState):
             return await self.clusters.run(self.finish(read_all=False, opened=False, total=0, timeout=self.timeout))
         planned = abatches(receivers, job.batch_size)
         try:
-            done = await self.clusters.run(open_checkpoint(job, timeout=self.timeout))
+            done, self.fence = await self.clusters.run(start_job(job, timeout=self.timeout))
         except BaseException as exc:
             self.not_started(exc)
             raise
@@ -146,6 +146,7 @@ class AsyncFanOutRun(RunState):
         try:
             outcome = await self.clusters.run(batch_program(
                 self.job, number, first, chunk, policy=self.policy, timeout=self.timeout, active=self.active, data=data,
+                known=self.fence,
             ))
         except BaseException as exc:  # a bug, or the `active` predicate raised
             self.lost(len(chunk), exc)

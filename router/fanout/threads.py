@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..core.checkpoint import open_checkpoint
 from ..core.fanout import FanOutJob, batch_program, batches, positive_int, receiver_stream
+from ..core.fence import start_job
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
@@ -58,7 +58,7 @@ class FanOutRun(RunState):
             return self.clusters.run(self.finish(read_all=False, opened=False, total=0, timeout=self.timeout))
         stream = receiver_stream(receivers)
         try:
-            done = self.clusters.run(open_checkpoint(job, timeout=self.timeout))
+            done, self.fence = self.clusters.run(start_job(job, timeout=self.timeout))
         except BaseException as exc:
             self.not_started(exc)
             raise
@@ -111,6 +111,7 @@ class FanOutRun(RunState):
         try:
             outcome = self.clusters.run(batch_program(
                 self.job, number, first, chunk, policy=self.policy, timeout=self.timeout, active=self.active, data=data,
+                known=self.fence,
             ))
         except BaseException as exc:  # a bug, or the `active` predicate raised: stop the job, re-raise from run()
             self.lost(len(chunk), exc)

@@ -62,7 +62,8 @@ def call_for(request: IORequest, coll: Any) -> Call:
 
 
 _WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": "fan-out checkpoint",
-         "fanout_batches": "fan-out checkpoint", "seen": "seen markers"}
+         "fanout_batches": "fan-out checkpoint", "seen": "seen markers",
+         "edits": "edit fence"}
 
 
 def describe(request: IORequest) -> str:

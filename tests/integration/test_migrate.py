@@ -46,6 +46,7 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
     assert outbox["sender_time_id"] == {"sender_id": 1, "event_time": -1, "_id": -1}
     assert outbox["data_key"] == {"data_key": 1}
     assert {i["name"]: dict(i["key"]) for i in db.fanout_batches.list_indexes()}["job"] == {"job": 1}
+    assert {i["name"]: dict(i["key"]) for i in db.edits.list_indexes()}["data_key_seq"] == {"data_key": 1, "seq": -1}
     assert "metadata" in db.list_collection_names()
     for migration in migrations:
         record = db.migrations.find_one({"_id": migration.id})
@@ -169,10 +170,10 @@ def test_outbox_sharding_command_document() -> None:
 
 
 def test_seen_migration_on_a_mongos(cluster: Any) -> None:
-    """On a mongos, 0003 creates the seen-marker index, then shards seen on hashed receiver_id."""
+    """On a mongos, 0004 creates the seen-marker index, then shards seen on hashed receiver_id."""
     c, config = cluster
     ctx = MigrationContext(c, config, Capabilities(sharded=True, server="mongodb", version="7.0"), dry_run=True)
-    _migration("0003_seen_markers").apply(ctx)
+    _migration("0004_seen_markers").apply(ctx)
     assert [command for _, command in ctx.commands] == [
         {"createIndexes": "seen", "indexes": [{"key": {"receiver_id": 1, "event_time": -1, "key": -1},
                                                 "name": "receiver_time_key"}]},

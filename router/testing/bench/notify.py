@@ -14,7 +14,7 @@ from pymongo import MongoClient
 from ...sync import FeedRouter
 from .common import NOW, P2, Result, bench_config, interleave, make_items, register, timed
 
-#: The index a type-filtered page would use, were it added (migrations/0003 explains why it is not).
+#: The index a type-filtered page would use, were it added (migrations/0004 explains why it is not).
 TYPE_INDEX = [("receiver_id", 1), ("type", 1), ("event_time", -1), ("_id", -1)]
 
 

@@ -1,0 +1,274 @@
+"""The edit fence: once ``delete`` returns, no copy of the post outlives it; once ``update`` returns, no copy keeps old data.
+
+An edit first leaves a record in the ``edits`` collection of every cluster, *then*
+edits the copies (:mod:`router.core.edits`). Every writer that may race an edit (fan-out
+batches on every engine, backfill, the outbox entry of ``publish``) writes first and
+then reads the fence (:func:`settle`): a tombstone there, and it removes what it just
+wrote; an update newer than the data it wrote, and it applies that update to what it
+just wrote, then reads again.
+
+**Why that is enough, at any interleaving.** Take a writer's insert ``I``, its fence
+read ``F`` (sent after ``I`` was acknowledged) and an edit's record ``R`` (inserted
+before the edit's first sweep step). Either ``F`` sees ``R``, and the writer edits its
+own copies; or ``F`` was served before ``R`` was stored, so ``I`` was stored before
+``R`` and the edit's sweep, which starts after ``R``, finds ``I``'s copies. An update
+the writer applies (``A``) is followed by another read: one that misses a newer update
+``R'`` proves ``A`` came before ``R'``'s sweep, which then overwrites ``A``. Only
+single-document inserts with distinct ``_id``\\ s decide anything, which are atomic on
+every server (FerretDB loses concurrent updates of one document, so none is relied on).
+``tests/unit/test_fence.py`` runs every interleaving of a batch and an edit.
+
+**Records**, in the owning cluster's ``edits`` (every cluster: an edit knows only the
+``data_key``, and asks every cluster anyway)::
+
+    {_id: "<data_key>#<seq>",    data_key, seq, kind: "update", data, at}
+    {_id: "<data_key>#deleted",  data_key, seq: DELETED, kind: "deleted", at}
+
+The newest record wins. An update takes ``seq`` = newest + 1 by inserting it (a
+duplicate ``_id``: another update took that number; read again and take the next), then
+removes the records it supersedes. A tombstone sorts above every update and is final:
+``fan_out``/``publish`` of a deleted ``data_key`` raise :class:`~router.errors.ItemDeleted`.
+
+**Cost.** A batch of a post that was never edited pays one ``find`` after its insert (an
+index lookup that finds nothing). Engines pass the newest fence they know to later
+batches (:class:`FenceMemo`), so a run stops at the first batch that finds a tombstone
+and writes the new data once it has seen an update.
+
+Example::
+
+    fences = driver.run(settle("cluster_3", "feed", {key: copy_ids}, seqs={key: 0}, timeout=10.0))
+    if fences[key].deleted: ...   # the copies just written are gone again
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..errors import ClusterUnavailable, ItemDeleted
+from .checkpoint import JobStatus, open_checkpoint
+from .policy import RetryPolicy, deadline_in
+from .steps import Collection, Delete, Failure, Find, Program, Update
+from .writes import insert_program
+
+if TYPE_CHECKING:
+    from .fanout import FanOutJob
+
+__all__ = [
+    "DELETED", "EDITS_COLLECTION", "Fence", "FenceMemo", "NEVER", "fenced_status", "mark_deleted", "mark_updated",
+    "read_fences", "refuse_deleted", "settle", "start_job",
+]
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+#: The collection, in every cluster, that holds the edit records.
+EDITS_COLLECTION: Collection = "edits"
+#: A tombstone's ``seq``: above every update's.
+DELETED = 2**62
+#: The most ``_id``\\ s one statement names (FerretDB's statement parameter limit on SQLite is 32,766).
+IDS_PER_STATEMENT = 10_000
+_SORT = [("seq", -1)]
+_PROJECTION = {"_id": 0, "data_key": 1, "seq": 1, "data": 1}
+
+
+@attrs.frozen
+class Fence:
+    """What the edit records say of one ``data_key``: the newest edit's ``seq`` (0: never edited) and, for an
+    update, its ``data``. Frozen, so engines share it between batches."""
+
+    seq: int = 0
+    data: Mapping[str, Any] | None = None
+
+    @property
+    def deleted(self) -> bool:
+        """True once the ``data_key`` was deleted (final)."""
+        return self.seq >= DELETED
+
+    @property
+    def updated(self) -> bool:
+        """True when the newest edit is an update: copies must carry :attr:`data`."""
+        return 0 < self.seq < DELETED
+
+    def newer(self, other: Fence | None) -> Fence:
+        """The newer of this fence and *other* (a tombstone is newer than every update)."""
+        return other if other is not None and other.seq > self.seq else self
+
+
+#: The fence of a ``data_key`` that was never edited.
+NEVER = Fence()
+
+
+def fence_of(records: Sequence[Mapping[str, Any]]) -> dict[str, Fence]:
+    """The newest fence per ``data_key`` among edit *records* (malformed ones are ignored)."""
+    fences: dict[str, Fence] = {}
+    for record in records:
+        key, seq = record.get("data_key"), record.get("seq")
+        if not isinstance(key, str) or not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
+            continue  # (a tombstone's seq comes back as bson.Int64, an int)
+        seq = int(seq)
+        data = record.get("data") if seq < DELETED else None
+        fence = Fence(seq, data if isinstance(data, Mapping) else None)
+        fences[key] = fences.get(key, NEVER).newer(fence)
+    return fences
+
+
+def read_fences(cluster: str, keys: Sequence[str], deadline: float) -> Program[dict[str, Fence] | Failure]:
+    """The fence of each of *keys* in *cluster* (one ``find``); keys never edited are absent."""
+    if len(keys) == 1:
+        query: Mapping[str, Any] = {"data_key": keys[0]}
+        found = yield Find(cluster, EDITS_COLLECTION, query, deadline, sort=_SORT, limit=1, projection=_PROJECTION)
+    else:
+        query = {"data_key": {"$in": list(keys)}}
+        found = yield Find(cluster, EDITS_COLLECTION, query, deadline, projection=_PROJECTION)
+    if isinstance(found, Failure):
+        return found
+    return fence_of(found)
+
+
+def refuse_deleted(cluster: str, data_key: str, *, timeout: float) -> Program[Fence]:
+    """The fence of *data_key* in *cluster*; raises :class:`ItemDeleted` for a deleted one, the cluster's error if
+    it cannot be read."""
+    fences = yield from read_fences(cluster, [data_key], deadline_in(timeout))
+    if isinstance(fences, Failure):
+        raise fences.error
+    fence = fences.get(data_key, NEVER)
+    if fence.deleted:
+        raise ItemDeleted(data_key)
+    return fence
+
+
+def start_job(job: FanOutJob, *, timeout: float) -> Program[tuple[set[int], Fence]]:
+    """Refuse a deleted post, then open the job's checkpoint: the batches done, and the fence to write under."""
+    fence = yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=timeout)
+    done = yield from open_checkpoint(job, timeout=timeout)
+    return done, fence
+
+
+def _chunks(ids: Sequence[Any]) -> list[list[Any]]:
+    return [list(ids[i:i + IDS_PER_STATEMENT]) for i in range(0, len(ids), IDS_PER_STATEMENT)]
+
+
+def settle(
+    cluster: str, collection: Collection, written: Mapping[str, Sequence[Any]], *, seqs: Mapping[str, int] | None = None,
+    timeout: float,
+) -> Program[dict[str, Fence] | Failure]:
+    """Bring documents just written up to the fence: remove those of deleted keys, re-apply newer updates.
+
+    *written* maps each ``data_key`` to the ``_id``\\ s just written (copies in ``feed``, or
+    an entry in ``outbox``); *seqs* gives the edit each key's data came from (0, the
+    default: the data as published). Reads the fence again after every update it applies,
+    until nothing newer is found. Returns each key's fence, or the :class:`Failure` that
+    stopped it (the documents are then in doubt: report them not written).
+    """
+    deadline = deadline_in(timeout)
+    pending = {key: (seqs or {}).get(key, 0) for key in written}
+    fences: dict[str, Fence] = {}
+    while pending:
+        found = yield from read_fences(cluster, list(pending), deadline)
+        if isinstance(found, Failure):
+            return found
+        doomed = [key for key in pending if found.get(key, NEVER).deleted]
+        newer = {key: found[key].seq for key, seq in pending.items() if key in found and seq < found[key].seq < DELETED}
+        fences.update({key: found.get(key, NEVER) for key in pending})
+        for key in doomed + list(newer):
+            data = fences[key].data
+            for chunk in _chunks(written[key]):
+                # data_key first: FerretDB fetches only that key's documents, then filters the ids
+                match = {"data_key": key, "_id": {"$in": chunk}}
+                answer = yield (Delete(cluster, collection, match, deadline) if key not in newer else
+                                Update(cluster, collection, {**match, "data": {"$ne": data}}, {"$set": {"data": data}},
+                                       deadline))
+                if isinstance(answer, Failure):
+                    return answer
+        if doomed or newer:
+            log.info("cluster %s: %s written under an edit: %d keys' documents removed, %d keys' updated again",
+                     cluster, collection, len(doomed), len(newer), extra={"cluster": cluster})
+        pending = newer
+    return fences
+
+
+def _record(data_key: str, seq: int, data: Mapping[str, Any] | None) -> dict[str, Any]:
+    deleted = seq >= DELETED
+    return {"_id": f"{data_key}#{'deleted' if deleted else seq}", "data_key": data_key, "seq": seq,
+            "kind": "deleted" if deleted else "update", "data": None if deleted else dict(data or {}),
+            "at": datetime.now(UTC)}
+
+
+def mark_deleted(cluster: str, data_key: str, *, policy: RetryPolicy, timeout: float) -> Program[ClusterUnavailable | None]:
+    """Leave *data_key*'s tombstone in *cluster* (before any copy is deleted); the error that stopped it, or None."""
+    deadline = deadline_in(timeout)
+    result = yield from insert_program(cluster, EDITS_COLLECTION, [_record(data_key, DELETED, None)], policy=policy,
+                                       deadline=deadline, duplicates="present")
+    if result.failed:
+        error = result.failed[0]
+        return error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
+    yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": DELETED}}, deadline)  # superseded
+    return None
+
+
+def mark_updated(
+    cluster: str, data_key: str, data: Mapping[str, Any], *, policy: RetryPolicy, timeout: float
+) -> Program[ClusterUnavailable | None]:
+    """Record an update of *data_key* in *cluster* under the next ``seq`` (before any copy is updated).
+
+    Records nothing for a deleted key (its copies are gone and stay gone). Returns the
+    error that stopped it, or None.
+    """
+    deadline = deadline_in(timeout)
+    while True:
+        found = yield from read_fences(cluster, [data_key], deadline)
+        if isinstance(found, Failure):
+            return found.error
+        newest = found.get(data_key, NEVER)
+        if newest.deleted:
+            return None
+        seq = newest.seq + 1
+        result = yield from insert_program(cluster, EDITS_COLLECTION, [_record(data_key, seq, data)], policy=policy,
+                                           deadline=deadline, duplicates="present")
+        if result.failed:
+            error = result.failed[0]
+            return error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
+        if result.written:  # this seq is ours; the older records are superseded
+            yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": seq}}, deadline)
+            return None
+        # another update took this seq first: read again and take the next one
+
+
+def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
+    """*status* as the fence tells it: a job whose post was deleted is ``cancelled`` with reason ``deleted``
+    (unless every batch was done before the delete)."""
+    if not fence.deleted:
+        return status
+    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled", reason="deleted")
+
+
+class FenceMemo:
+    """The newest fence this process has seen per ``data_key`` (at most *size* keys, an update's with its
+    ``data``): what a Celery worker passes to its next batch of the same post, so a deleted post's queued
+    batches write nothing and an updated one's write the new data."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._fences: OrderedDict[str, Fence] = OrderedDict()
+
+    def known(self, data_key: str) -> Fence:
+        """The newest fence seen for *data_key* (:data:`NEVER` if none)."""
+        with self._lock:
+            return self._fences.get(data_key, NEVER)
+
+    def learn(self, data_key: str, fence: Fence | None) -> None:
+        """Remember *fence* for *data_key* if it is newer than what is known."""
+        if fence is None or fence.seq == 0:
+            return
+        with self._lock:
+            self._fences[data_key] = self._fences.get(data_key, NEVER).newer(fence)
+            self._fences.move_to_end(data_key)
+            while len(self._fences) > self._size:
+                self._fences.popitem(last=False)
