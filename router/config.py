@@ -60,6 +60,7 @@ from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
 from .timemap import ReadWindow
 from .uris import broker_problem, masked_uri, redact_uri, uri_password, uri_problem
+from .yamlreader import YamlReader
 
 __all__ = [
     "CeleryConfig",
@@ -107,7 +108,6 @@ DRIVER_OPTIONS: Mapping[str, type | tuple[type, ...]] = {
 
 _DATABASE = re.compile(r"^[^/\\. \"$]{1,63}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 #: The database of every cluster that names none, when the file names none either.
@@ -227,94 +227,9 @@ class RouterConfig:
         return (spec.database if spec is not None else None) or self.database
 
 
-class _Reader:
-    """Walks a composed YAML node tree, converting values and collecting problems."""
-
-    def __init__(self, source: str, env: Mapping[str, str]) -> None:
-        self.source = source
-        self.env = env
-        self.problems: list[ConfigProblem] = []
-        self._constructor = yaml.SafeLoader("")
-
-    def problem(self, node: yaml.Node | None, path: str, message: str) -> None:
-        line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (0, 0)
-        self.problems.append(ConfigProblem(self.source, line, col, path, message))
-
-    def mapping(self, node: yaml.Node, path: str, allowed: set[str] | None) -> dict[str, yaml.Node] | None:
-        if not isinstance(node, yaml.MappingNode):
-            self.problem(node, path, f"must be a mapping (got {self._show(node)})")
-            return None
-        out: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            sub = f"{path}.{key}" if path else str(key)
-            if not isinstance(key, str) or key_node.tag != "tag:yaml.org,2002:str":
-                self.problem(key_node, path or "<top>", f"keys must be strings (got {self._show(key_node)})")
-            elif key in out:
-                self.problem(key_node, sub, "duplicate key")
-            elif allowed is not None and key not in allowed:
-                self.problem(key_node, sub, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
-            else:
-                out[key] = value_node
-        return out
-
-    def value(self, node: yaml.Node, path: str) -> Any:
-        """A scalar's Python value, with ``${VAR}`` interpolated in strings."""
-        if not isinstance(node, yaml.ScalarNode):
-            self.problem(node, path, f"must be a single value (got {self._show(node)})")
-            return None
-        value = self._constructor.construct_object(node, deep=True)
-        if isinstance(value, str):
-            value = self._interpolate(node, path, value)
-        return value
-
-    def string(self, node: yaml.Node, path: str, *, pattern: re.Pattern[str] | None = None, hint: str = "") -> str | None:
-        value = self.value(node, path)
-        if value is None and not isinstance(node, yaml.ScalarNode):
-            return None
-        if not isinstance(value, str) or not value:
-            self.problem(node, path, f"must be a non-empty string (got {value!r})")
-            return None
-        if pattern is not None and not pattern.match(value):
-            self.problem(node, path, f"{hint} (got {value!r})")
-            return None
-        return value
-
-    def integer(self, node: yaml.Node, path: str, *, minimum: int) -> int | None:
-        value = self.value(node, path)
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(node, yaml.ScalarNode):
-                self.problem(node, path, f"must be an integer (got {value!r})")
-            return None
-        if value < minimum:
-            self.problem(node, path, f"must be at least {minimum} (got {value!r})")
-            return None
-        return value
-
-    def _interpolate(self, node: yaml.Node, path: str, text: str) -> str:
-        def sub(m: re.Match[str]) -> str:
-            name, default = m.group(1), m.group(2)
-            if name in self.env:
-                return self.env[name]
-            if default is not None:
-                return default
-            self.problem(node, path, f"environment variable {name} is not set (got {m.group(0)!r})")
-            return ""
-
-        return _ENV.sub(sub, text)
-
-    @staticmethod
-    def _show(node: yaml.Node) -> str:
-        if isinstance(node, yaml.MappingNode):
-            return "a mapping"
-        if isinstance(node, yaml.SequenceNode):
-            return "a list"
-        return repr(masked_uri(node.value) if isinstance(node.value, str) else node.value)
-
-
 def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, str] | None = None) -> RouterConfig:
     """Parse and validate ``clusters.yaml`` text; raise :class:`ConfigError` listing every problem."""
-    r = _Reader(source, os.environ if env is None else env)
+    r = YamlReader(source, os.environ if env is None else env)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -400,7 +315,7 @@ def parse_duration(raw: object) -> timedelta | None:
     return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
 
 
-def _duration(r: _Reader, node: yaml.Node, path: str) -> timedelta | None:
+def _duration(r: YamlReader, node: yaml.Node, path: str) -> timedelta | None:
     raw = r.value(node, path)
     value = parse_duration(raw)
     if value is None:
@@ -408,7 +323,7 @@ def _duration(r: _Reader, node: yaml.Node, path: str) -> timedelta | None:
     return value
 
 
-def _rollover(r: _Reader, node: yaml.Node, names: set[str], check_names: bool) -> RolloverConfig | None:
+def _rollover(r: YamlReader, node: yaml.Node, names: set[str], check_names: bool) -> RolloverConfig | None:
     spec = r.mapping(node, "rollover", {"period", "lead_time", "standby", "anchor"})
     if spec is None:
         return None
@@ -454,7 +369,7 @@ def _rollover(r: _Reader, node: yaml.Node, names: set[str], check_names: bool) -
     return RolloverConfig(**kwargs)
 
 
-def _celery(r: _Reader, node: yaml.Node) -> CeleryConfig | None:
+def _celery(r: YamlReader, node: yaml.Node) -> CeleryConfig | None:
     spec = r.mapping(node, "celery", {"broker", "visibility_timeout", "retries", "retry_backoff"})
     if spec is None:
         return None
@@ -480,7 +395,7 @@ def _celery(r: _Reader, node: yaml.Node) -> CeleryConfig | None:
     return CeleryConfig(broker=broker, **{k: v for k, v in kwargs.items() if v is not None})
 
 
-def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:
+def _read_window(r: YamlReader, node: yaml.Node) -> ReadWindow | None:
     spec = r.mapping(node, "read_window", {"clusters", "max_age"})
     if spec is None:
         return None
@@ -489,7 +404,7 @@ def _read_window(r: _Reader, node: yaml.Node) -> ReadWindow | None:
     return ReadWindow(clusters=clusters, max_age=max_age)
 
 
-def _clusters(r: _Reader, node: yaml.SequenceNode, default_database: str) -> list[ClusterConfig]:
+def _clusters(r: YamlReader, node: yaml.SequenceNode, default_database: str) -> list[ClusterConfig]:
     out: list[ClusterConfig] = []
     names: dict[str, str] = {}
     homes: dict[tuple[Deployment, str], str] = {}
@@ -535,7 +450,7 @@ def _clusters(r: _Reader, node: yaml.SequenceNode, default_database: str) -> lis
     return out
 
 
-def _options(r: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+def _options(r: YamlReader, node: yaml.Node, path: str) -> dict[str, Any]:
     spec = r.mapping(node, path, set(DRIVER_OPTIONS)) or {}
     out: dict[str, Any] = {}
     for key, value_node in spec.items():

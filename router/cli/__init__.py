@@ -13,27 +13,25 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TextIO
 
-from . import __version__
-from .admin.migrate import discover, migrate_cluster
-from .admin.periods import apply_period, plan_period, retire
-from .admin.rollover import RolloverScheduler, default_owner, do_rollover
-from .admin.scrape import ClusterStats, scrape
-from .admin.status import check_report, status_rows
-from .config import RouterConfig, load_config
-from .core.checkpoint import JobStatus
-from .errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
-from .storage.clusters import Clusters
-from .timemap import format_period
-from .uris import broker_problem, redact_uri
+from ..admin.migrate import discover, migrate_cluster
+from ..admin.periods import apply_period, plan_period, retire
+from ..admin.rollover import RolloverScheduler, default_owner, do_rollover
+from ..admin.scrape import ClusterStats, scrape
+from ..admin.status import check_report, status_rows
+from ..config import RouterConfig, load_config
+from ..core.checkpoint import JobStatus
+from ..errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
+from ..storage.clusters import Clusters
+from ..timemap import format_period
+from ..uris import broker_problem, redact_uri
+from .parser import build_parser
 
 __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
-MIGRATIONS_HELP = "migrations folder (default: $FEEDROUTER_MIGRATIONS, else the migrations shipped with the package)"
 
 
 class _UsageError(Exception):
@@ -65,167 +63,6 @@ class _Progress:
             self.stream.flush()
 
 
-def _when(text: str) -> datetime:
-    """An ISO date or datetime; a naive value is UTC (the CLI's documented rule)."""
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO date or datetime: {text!r} (e.g. 2026-12-01 or 2026-12-01T00:00:00Z)") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="feedrouter",
-        description="Store and read social feeds across MongoDB clusters split by time.",
-        epilog="Exit codes: 0 ok, 1 operational error, 2 usage or configuration error.",
-    )
-    parser.add_argument("--version", action="version", version=f"feedrouter {__version__}")
-    parser.add_argument("-c", "--config", default="clusters.yaml", help="path to clusters.yaml (default: %(default)s)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug); shows tracebacks")
-    parser.add_argument("-q", "--quiet", action="store_true", help="log errors only")
-    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    demo = sub.add_parser(
-        "demo",
-        help="start four local clusters and Redis, write, read, delete, fan out and roll over feeds, stop them",
-        description="Start four local MongoDB-wire servers (mongod if on PATH, else FerretDB) and a Redis broker, "
-        "add three as consecutive periods, write fanned-out feed items (some late), page a feed newest first "
-        "across the boundaries, delete one item everywhere, publish a pulled celebrity post and rebuild a dormant "
-        "user's feed (asyncio door), fan one post out on a Celery worker, let the rollover scheduler hand the next "
-        "period to the fourth (standby) cluster, check every claim with plain pymongo, and stop the servers. "
-        "Needs redis-server (scripts/bootstrap installs it).",
-    )
-    demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
-    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
-                      help="server to run (default: $FEED_TEST_BACKEND, else auto)")
-
-    sub.add_parser(
-        "check",
-        help="validate clusters.yaml, every cluster's reachability, metadata and migrations",
-        description="Load the configuration, connect to every cluster, validate the metadata documents "
-        "and the time map, and check that every cluster has all migrations applied. Prints the time map, "
-        "or every problem found; exits 0 only when there is none.",
-    )
-    status = sub.add_parser(
-        "status",
-        help="a table of clusters: period, reachable, round trip, documents, migrations",
-        description="Show, for each configured cluster: its period, whether it answers, the round-trip "
-        "time of a ping, the estimated number of feed documents and the migrations applied. With "
-        "--metrics, also what a running service's router saw of each cluster: requests, failed requests, "
-        "mean latency and whether it answered last. "
-        "Exits 1 if any cluster is unreachable or has a malformed metadata document (marked in its row).",
-    )
-    status.add_argument("--metrics", metavar="URL", default=None,
-                        help="a service's Prometheus endpoint (PrometheusMetrics), e.g. http://feed-1:9108/metrics")
-    migrate = sub.add_parser(
-        "migrate",
-        help="apply pending migrations to every cluster (or one)",
-        description="Apply the pending migrations to each cluster in order, recording "
-        "each in the cluster's migrations collection. Re-running applies nothing; a migration changed "
-        "after it was applied is refused.",
-    )
-    migrate.add_argument("--cluster", metavar="NAME", help="only this cluster")
-    migrate.add_argument("--dry-run", action="store_true", help="print the commands without sending them")
-    migrate.add_argument("--migrations", type=Path, default=None, help=MIGRATIONS_HELP)
-
-    add = sub.add_parser(
-        "add-cluster",
-        help="give a cluster listed in clusters.yaml its period (migrate, write metadata)",
-        description="Add NAME (already listed in clusters.yaml with its uri) as the owner of the period "
-        "[--start, --end). Checks the period against the time map loaded from every cluster, runs the "
-        "migrations on NAME, closes the current open-ended period at --start when --close-previous is "
-        "given, writes NAME's metadata and prints the new time map. Refuses any change that overlaps "
-        "another period or strands stored documents. Re-running it is harmless. Times are ISO 8601; "
-        "a time without an offset is UTC.",
-    )
-    add.add_argument("name", metavar="NAME", help="the cluster's name in clusters.yaml")
-    add.add_argument("--start", type=_when, required=True, help="first instant of the period, e.g. 2026-12-01")
-    add.add_argument("--end", type=_when, default=None, help="end of the period, exclusive (default: open-ended)")
-    add.add_argument("--creator", default="", help="recorded as creator_name in the metadata")
-    add.add_argument("--close-previous", action="store_true",
-                     help="end the current open-ended period at --start (refused if it holds later documents)")
-    add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
-    add.add_argument("--force", action="store_true",
-                     help="allow --close-previous with a start less than refresh_interval away (no router may be running)")
-    add.add_argument("--migrations", type=Path, default=None, help=MIGRATIONS_HELP)
-    rollover = sub.add_parser(
-        "rollover",
-        help="do the next planned rollover now (or the one at --at)",
-        description="Close the open-ended period at the next boundary (or --at) and give it to the first "
-        "ready standby cluster from rollover.standby, under a lease so concurrent runs act once. "
-        "Refused, exit 1, when no standby is ready or the boundary is less than lead_time away.",
-    )
-    rollover.add_argument("--at", type=_when, default=None, help="the boundary (default: computed from rollover.period)")
-    rollover.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-
-    scheduler = sub.add_parser(
-        "scheduler",
-        help="run the rollover scheduler (APScheduler) until interrupted",
-        description="Check on an interval derived from rollover.lead_time that a standby is ready for "
-        "the next boundary (logging an error at once if not) and do each rollover inside its window, "
-        "between two lead times and one lead time before the boundary.",
-    )
-    scheduler.add_argument("--once", action="store_true", help="run one check and exit (exit 1 if it failed)")
-
-    retire_cmd = sub.add_parser(
-        "retire",
-        help="mark an old cluster retired: reads skip it, deletes still reach it",
-        description="Set retired: true in NAME's metadata. Reads skip it, writes into its period fail, "
-        "deletes by data_key still reach it until it is removed from clusters.yaml. "
-        "Only a period that has ended can be retired.",
-    )
-    retire_cmd.add_argument("name", metavar="NAME")
-    retire_cmd.add_argument("--dry-run", action="store_true", help="check, change nothing")
-
-    worker = sub.add_parser(
-        "worker",
-        help="run a Celery worker that writes fan-out batches (needs feed-router[celery])",
-        description="Run a Celery worker that takes fan-out batches from the broker and writes each into its "
-        "cluster, until SIGTERM or Ctrl-C (a warm shutdown: running batches finish). The broker is --broker, "
-        "else celery.broker in clusters.yaml. Each worker process opens its cluster clients once, at its first "
-        "batch. Logs go to stderr; nothing is printed on stdout.",
-    )
-    worker.add_argument("--broker", metavar="URL", default=None,
-                        help="Celery broker URL, e.g. redis://host:6379/0 or amqp://user:pw@host:5672// "
-                        "(default: celery.broker in clusters.yaml)")
-    worker.add_argument("--queues", metavar="Q[,Q]", default=None,
-                        help="queues to consume, in priority order (default: feedrouter.active,feedrouter.inactive)")
-    worker.add_argument("--concurrency", type=int, default=None, metavar="N",
-                        help="worker processes (or threads) (default: one per CPU)")
-    worker.add_argument("--pool", choices=["prefork", "solo", "threads"], default="prefork",
-                        help="how batches run: processes, in the worker's own process, or threads (default: %(default)s)")
-    worker.add_argument("--hostname", metavar="NAME", default=None,
-                        help="the worker's node name, e.g. fanout1@%%h (default: Celery's celery@HOST)")
-
-    status = sub.add_parser(
-        "fanout-status",
-        help="a fan-out job's progress, read from its checkpoint",
-        description="Print the progress of fan-out job JOB (and of JOB/inactive, its inactive receivers' job, "
-        "if there is one) from its checkpoint in the owning cluster: batches done, failed and missing, and the "
-        "counts of copies. Only batches 0 to the job's batch count - 1 count; it is done when every one of them is. "
-        "A job whose post was deleted shows 'cancelled (deleted)'. Exits 1 if a job failed or was cancelled, or no "
-        "cluster has JOB.",
-    )
-    status.add_argument("job", metavar="JOB", help="the job id (publish_fan_out returns it)")
-
-    unseen = sub.add_parser(
-        "unseen",
-        help="a receiver's unseen count and seen marker (for support staff)",
-        description="Print how many items of RECEIVER's feed are newer than its seen marker (stopping past --cap, "
-        "shown as e.g. 99+), and the marker's time. All digits means an int id, anything else a str id.",
-    )
-    unseen.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
-    unseen.add_argument("--cap", type=int, default=99, metavar="N", help="stop counting past N (default: %(default)s)")
-    return parser
-
-
-def _receiver_arg(text: str) -> int | str:
-    """A receiver id from the command line: an int when it is one, else the text."""
-    return int(text) if text.lstrip("-").isdigit() else text
-
-
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=2, default=str) if args.json else text)
 
@@ -234,7 +71,7 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .testing.demo import run_demo
+    from ..testing.demo import run_demo
 
     if args.posts < 1:
         raise _UsageError(f"--posts: must be at least 1 (got {args.posts})")
@@ -399,7 +236,7 @@ def _cmd_retire(args: argparse.Namespace, config: RouterConfig) -> int:
 
 def _cmd_worker(args: argparse.Namespace, config: RouterConfig) -> int:
     try:
-        from .fanout.celery import DEFAULT_QUEUES, app_from_config, run_worker
+        from ..fanout.celery import DEFAULT_QUEUES, app_from_config, run_worker
     except ImportError as exc:
         raise _UsageError(f"worker: Celery is not installed ({exc}); pip install 'feed-router[celery]'") from None
     if args.broker is not None and broker_problem(args.broker) is not None:
@@ -456,8 +293,8 @@ def _describe_job(status: JobStatus) -> list[str]:
 
 
 def _cmd_fanout_status(args: argparse.Namespace, config: RouterConfig) -> int:
-    from .fanout.celery_plan import inactive_job_id
-    from .sync import FeedRouter
+    from ..fanout.celery_plan import inactive_job_id
+    from ..sync import FeedRouter
 
     with FeedRouter(config, refresh=False) as router:
         statuses = [router.fan_out_status(args.job)]
@@ -473,7 +310,7 @@ def _cmd_fanout_status(args: argparse.Namespace, config: RouterConfig) -> int:
 
 
 def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
-    from .sync import FeedRouter
+    from ..sync import FeedRouter
 
     with FeedRouter(config, refresh=False) as router:
         unseen = router.unseen_count(args.receiver, cap=args.cap)
@@ -493,7 +330,7 @@ def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``feedrouter``; return the exit code."""
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     default = logging.INFO if args.command in ("scheduler", "worker") else logging.WARNING
     level = logging.ERROR if args.quiet else {0: default, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
@@ -543,6 +380,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         root.removeHandler(handler)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
