@@ -12,8 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from bson import ObjectId
 
-from router import Activity, AsyncFeedRouter, FeedItem, RouterConfig, RouterError, WrongEventLoop, data_key
+from router import Activity, AsyncFeedRouter, FeedItem, Position, RouterConfig, RouterError, WrongEventLoop, data_key
 from router.testing.commands import CommandLog
 
 from .conftest import NOW, P1, register
@@ -28,6 +29,9 @@ CALLS: dict[str, Callable[[AsyncFeedRouter], Coroutine[Any, Any, Any]]] = {
     "write": lambda r: r.write(ITEM),
     "write_many": lambda r: r.write_many([ITEM]),
     "read": lambda r: r.read(1),
+    "mark_seen": lambda r: r.mark_seen(1, Position(ITEM.event_time, ObjectId())),
+    "seen_position": lambda r: r.seen_position(1),
+    "unseen_count": lambda r: r.unseen_count(1),
     "delete": lambda r: r.delete(POST.data_key),
     "update": lambda r: r.update(POST.data_key, {"n": 2}),
     "unfollow": lambda r: r.unfollow(1, 7),
