@@ -414,10 +414,11 @@ class FeedRouter:
 
         Streaming (at most ``concurrency`` batches of ``batch_size`` in flight), idempotent
         (derived ids: a rerun stores nothing twice) and resumable (a checkpoint per job in
-        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime`,
-        :class:`StaleMetadata` or :class:`ItemDeleted` (the post was deleted) before writing
-        anything, :class:`FanOutFailed` (with ``.result``) if receivers are left without a
-        copy, and :class:`ItemDeleted` (with ``.result``) if the post is deleted while it runs.
+        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime` or
+        :class:`StaleMetadata` before writing anything, :class:`ItemDeleted` (from
+        ``result()`` in background mode) for a post that was deleted, before or while it runs
+        (``.result`` says how far it got), and :class:`FanOutFailed` (with ``.result``) if
+        receivers are left without a copy.
         """
         with self._observe.call("fan_out"):
             slots = calls.concurrency(concurrency)

@@ -26,7 +26,7 @@ from .checkpoint import JobStatus, job_status, read_batches
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
-from .fence import NEVER, fenced_status, read_fences, refuse_deleted
+from .fence import NEVER, fenced_status, read_fences
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
 from .routing import Routing, routed
@@ -208,12 +208,10 @@ def active_filter(active: object) -> Callable[[Any], bool] | None:
 
 
 def plan_fan_out(view: View, activity: Activity, *, batch_size: object = None, job_id: str | None = None) -> Program[FanOutJob]:
-    """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon), and refuse a deleted
-    post (:class:`~router.errors.ItemDeleted`); nothing is written."""
+    """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon); nothing is written.
+    (A deleted post is refused when a run starts: :func:`~router.core.fence.start_job`.)"""
     size = view.config.batch_size if batch_size is None else batch_size
-    job = yield from plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
-    yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=view.settings.timeout)
-    return job
+    return plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
 
 
 def concurrency(value: object) -> int:

@@ -81,7 +81,7 @@ from ..core.calls import Active, active_filter
 from ..core.checkpoint import finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
-from ..core.fence import NEVER, FenceMemo
+from ..core.fence import NEVER, FenceMemo, start_job
 from ..core.settings import Settings
 from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity
@@ -382,8 +382,8 @@ def publish_fan_out(
     :meth:`FeedRouter.publish`'s business, not this function's.
 
     Raises :class:`InvalidItem` (``data`` not JSON, among others), :class:`NoClusterForTime`,
-    :class:`StaleMetadata`, :class:`FanOutConflict`, :class:`ClusterUnavailable` before
-    anything is sent; :class:`BrokerUnavailable`, or what *receivers* or *active* raised,
+    :class:`StaleMetadata`, :class:`FanOutConflict`, :class:`ClusterUnavailable`,
+    :class:`~router.errors.ItemDeleted` (the post was deleted) before anything is sent; :class:`BrokerUnavailable`, or what *receivers* or *active* raised,
     while sending (the checkpoint then says ``failed``; publish again to finish).
     """
     started = time.monotonic()
@@ -394,7 +394,7 @@ def publish_fan_out(
     side = attrs.evolve(job, job_id=inactive_job_id(job.job_id)) if include_inactive and predicate is not None else None
     jobs = [job] if side is None else [job, side]
     timeout = router.settings.timeout
-    done = router.clusters.run(open_checkpoint(job, timeout=timeout))
+    done, _ = router.clusters.run(start_job(job, timeout=timeout))  # ItemDeleted for a deleted post
     side_done = router.clusters.run(open_checkpoint(side, timeout=timeout)) if side is not None else set()
     payloads = [j.to_json() for j in jobs]
     log.info("fan-out %r: publishing to cluster %r in batches of %d%s; %d batches done earlier", job.job_id, job.cluster,

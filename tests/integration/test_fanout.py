@@ -367,7 +367,7 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
             assert any(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in handle.errors)
             assert handle.errors == failed.errors
             down = router.fan_out(activity(), range(n), background=True)  # while it is down, a job cannot even start
-            with pytest.raises(ClusterUnavailable, match="reading fan-out checkpoint failed"):
+            with pytest.raises(ClusterUnavailable, match="reading edit fence failed"):  # a run's first read
                 down.result(timeout=60)
 
             spare.servers[0].restart()

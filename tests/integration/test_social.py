@@ -337,8 +337,9 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
     make_config: Callable[..., RouterConfig], open_router: Callable[..., Any], servers: LocalClusters,
     raw_clients: Clients, db_name: str,
 ) -> None:
-    """Editing a post with fewer copies than one sample: per cluster, a find and an edit of the feed (no edit
-    where the find found nothing) and one edit of the outbox; the result checked with pymongo."""
+    """Editing a post with fewer copies than one sample: per cluster, the edit fence's record (an update reads the
+    newest first; both remove the records they supersede), a find and an edit of the feed (no edit where the find
+    found nothing) and one edit of the outbox; the result checked with pymongo."""
     commands = CommandLog()
     config = make_config()
     register(config)
@@ -346,6 +347,8 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
     act = post(53, 1, P1 + timedelta(days=1))
     router.publish(act, range(300))
     port = {name: int(uri.rsplit(":", 1)[1].split("/")[0]) for name, uri in zip(NAMES, servers.uris)}
+    fences = {"update": [("find", "edits"), ("insert", "edits"), ("delete", "edits")],
+              "delete": [("insert", "edits"), ("delete", "edits")]}
     for edit, verb in [(lambda: router.update(act.data_key, {"post": 9}), "update"), (lambda: router.delete(act.data_key), "delete")]:
         commands.clear()
         commands.on = True
@@ -353,7 +356,7 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
         commands.on = False
         for name in NAMES:
             feed = [(verb, "feed")] if name == "cluster_2" else []
-            assert commands.sent(port[name], names=EDITS) == [("find", "feed"), *feed, (verb, "outbox")], name
+            assert commands.sent(port[name], names=EDITS) == [*fences[verb], ("find", "feed"), *feed, (verb, "outbox")], name
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 0
     assert outbox(raw_clients, db_name) == []
 

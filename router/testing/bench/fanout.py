@@ -94,7 +94,7 @@ def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
     batches = reps * -(-n // config.batch_size)
     spent = sum(fence.seconds)
     wall = sum(n / x for x in r)
-    note = (f"edit fence: {len(fence.seconds)} finds on edits for {batches} batches (plus 2 per job: plan and start), "
+    note = (f"edit fence: {len(fence.seconds)} finds on edits for {batches} batches (plus 1 per job, at its start), "
             f"median {statistics.median(fence.seconds or [0.0]) * 1000:.2f} ms each, "
             f"summed {spent:.2f} s = {100 * spent / wall:.1f}% of the runs' {wall:.1f} s (batches overlap, so at most that)")
     return Result("fanout_ratio", f"fan-out throughput, {n:,} receivers from a generator", "copies/s", r, w, ratios,
