@@ -52,15 +52,6 @@ class Position:
     id: ObjectId
     skip: int = 0
 
-    def older_filter(self) -> dict[str, Any]:
-        """The query clause for items strictly after this position in newest-first order."""
-        return {
-            "$or": [
-                {"event_time": {"$lt": self.event_time}},
-                {"event_time": self.event_time, "_id": {"$lt": self.id}},
-            ]
-        }
-
 
 def _to_ms(t: datetime) -> int:
     delta = t - _EPOCH

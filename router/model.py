@@ -1,15 +1,8 @@
-"""The values the router stores and returns, and the one definition of each stored document.
+"""The values the router takes and returns: items, activities, pages, and a cluster's metadata.
 
-Pure module: no pymongo import beyond the ``bson`` value types.
-
-A feed copy (one per receiver, in the ``feed`` collection) and an outbox entry (one per
-published activity, in ``outbox``) are stored as exactly::
-
-    feed:   {_id, data_key, receiver_id, sender_id, event_time, type, data}
-    outbox: {_id, data_key, sender_id, event_time, type, data}
-
-Every writer builds them with :func:`item_documents`, :func:`copy_documents` or
-:func:`outbox_document`; :meth:`FeedItem.from_document` is the mirror.
+Pure module: no pymongo import beyond the ``bson`` value types. How a copy or an
+outbox entry is stored is not said here: that belongs to a period's layout
+(:mod:`router.core.layouts`).
 
 Times are timezone-aware UTC everywhere. BSON keeps milliseconds, so an
 ``event_time`` read back is the written one truncated to the millisecond.
@@ -29,28 +22,19 @@ from .errors import InvalidItem
 __all__ = [
     "Activity",
     "ClusterMeta",
-    "FEED_FIELDS",
     "FeedItem",
     "ID_RULE",
     "MAX_ID_CHARS",
-    "OUTBOX_FIELDS",
     "Page",
     "TEXT_RULE",
-    "copy_documents",
     "event_timestamp",
     "is_id",
     "is_text",
-    "item_documents",
-    "outbox_document",
     "to_utc",
     "utcnow",
 ]
 
 UTC = timezone.utc
-#: The fields of a stored feed document, in storage order.
-FEED_FIELDS = ("_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data")
-#: The fields of a stored outbox document, in storage order.
-OUTBOX_FIELDS = ("_id", "data_key", "sender_id", "event_time", "type", "data")
 #: An ObjectId's timestamp is 4 unsigned bytes of UTC seconds.
 MAX_OBJECTID_SECONDS = 2**32
 #: The longest str accepted for ``receiver_id``, ``sender_id``, ``type`` and ``data_key`` (characters).
@@ -87,23 +71,6 @@ class FeedItem:
     data: Mapping[str, Any]
     data_key: str
     id: ObjectId | None = None
-
-    def to_document(self, oid: ObjectId) -> dict[str, Any]:
-        """The stored document for this item under ``_id`` *oid*."""
-        return item_documents((self,), (oid,))[0]
-
-    @classmethod
-    def from_document(cls, doc: Mapping[str, Any]) -> FeedItem:
-        """Build an item from a stored feed document (as returned by a tz-aware client)."""
-        return cls(
-            receiver_id=doc["receiver_id"],
-            sender_id=doc["sender_id"],
-            event_time=doc["event_time"],
-            type=doc["type"],
-            data=doc["data"],
-            data_key=doc["data_key"],
-            id=doc["_id"],
-        )
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -147,66 +114,6 @@ class Activity:
             data=item.data,
             data_key=item.data_key,
         )
-
-    @classmethod
-    def from_document(cls, doc: Mapping[str, Any]) -> Activity:
-        """Build an activity from a stored outbox document."""
-        return cls(
-            sender_id=doc["sender_id"], event_time=doc["event_time"], type=doc["type"], data=doc["data"],
-            data_key=doc["data_key"],
-        )
-
-
-def item_documents(items: Sequence[FeedItem], ids: Iterable[ObjectId]) -> list[dict[str, Any]]:
-    """The feed documents of *items*, each under its id from *ids* (the write path's builder)."""
-    return [
-        {
-            "_id": oid,
-            "data_key": item.data_key,
-            "receiver_id": item.receiver_id,
-            "sender_id": item.sender_id,
-            "event_time": item.event_time,
-            "type": item.type,
-            "data": item.data,
-        }
-        for item, oid in zip(items, ids)
-    ]
-
-
-def copy_documents(
-    ids: Iterable[ObjectId], receivers: Iterable[int | str], activity: Activity, *, data: Any = None
-) -> list[dict[str, Any]]:
-    """The feed documents of one activity's copies, receiver by receiver (fan-out and backfill).
-
-    *data* replaces ``activity.data`` when given: fan-out passes it encoded to BSON once,
-    shared by every copy.
-    """
-    key, sender, event_time, kind = activity.data_key, activity.sender_id, activity.event_time, activity.type
-    shared = activity.data if data is None else data
-    return [
-        {
-            "_id": oid,
-            "data_key": key,
-            "receiver_id": receiver,
-            "sender_id": sender,
-            "event_time": event_time,
-            "type": kind,
-            "data": shared,
-        }
-        for oid, receiver in zip(ids, receivers)
-    ]
-
-
-def outbox_document(oid: ObjectId, activity: Activity) -> dict[str, Any]:
-    """The outbox document of *activity* under ``_id`` *oid*."""
-    return {
-        "_id": oid,
-        "data_key": activity.data_key,
-        "sender_id": activity.sender_id,
-        "event_time": activity.event_time,
-        "type": activity.type,
-        "data": activity.data,
-    }
 
 
 def utcnow() -> datetime:
@@ -298,7 +205,9 @@ class ClusterMeta:
 
     The period is half-open, ``[start_date, end_date)``; ``end_date=None`` means open-ended.
     A ``retired`` cluster is skipped by reads and refuses writes; deletes still reach it.
-    The stored document has a ``retired: true`` field only once retired.
+    The stored document has a ``retired: true`` field only once retired. ``layout`` names how
+    the period stores its copies (:mod:`router.core.layouts`); the stored document has a
+    ``layout`` field only for a layout other than the default ``copies``.
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -307,6 +216,7 @@ class ClusterMeta:
     creator_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     created_at: datetime | None = None
     retired: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    layout: str = attrs.field(default="copies", validator=attrs.validators.instance_of(str))
 
     def __attrs_post_init__(self) -> None:
         if self.end_date is not None and self.end_date <= self.start_date:
@@ -327,6 +237,8 @@ class ClusterMeta:
         }
         if self.retired:
             doc["retired"] = True
+        if self.layout != "copies":
+            doc["layout"] = self.layout
         return doc
 
     @classmethod
@@ -346,6 +258,7 @@ class ClusterMeta:
             creator_name=doc.get("creator_name") or "",
             created_at=created if isinstance(created, datetime) else None,
             retired=doc.get("retired", False),
+            layout=doc.get("layout", "copies"),
         )
 
 

@@ -67,7 +67,7 @@ class TimeMap:
     duplicate names, overlapping periods, more than one open-ended period.
     """
 
-    __slots__ = ("_metas", "_starts", "_ends", "_names", "gaps", "retired")
+    __slots__ = ("_metas", "_starts", "_ends", "_names", "_layouts", "gaps", "retired")
 
     def __init__(self, metas: Iterable[ClusterMeta]) -> None:
         ordered = sorted(metas, key=lambda m: (m.start_date, m.name))
@@ -78,6 +78,7 @@ class TimeMap:
         self._starts = [m.start_date.timestamp() for m in ordered]
         self._ends = [m.end_date.timestamp() if m.end_date else float("inf") for m in ordered]
         self._names = [m.name for m in ordered]
+        self._layouts = {m.name: m.layout for m in ordered}
         #: Clusters whose metadata says retired: reads skip them, writes to them fail.
         self.retired: frozenset[str] = frozenset(m.name for m in ordered if m.retired)
         #: ``(end of one period, start of the next)`` for every hole in the map.
@@ -128,6 +129,10 @@ class TimeMap:
 
     def __len__(self) -> int:
         return len(self._metas)
+
+    def layout_of(self, name: str) -> str:
+        """The layout cluster *name*'s metadata records (``copies`` for a cluster not in the map)."""
+        return self._layouts.get(name, "copies")
 
     def lookup(self, ts: float) -> str | None:
         """The cluster whose period holds UTC epoch seconds *ts*, or ``None``; may be retired.

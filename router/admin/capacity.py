@@ -4,8 +4,8 @@
 their own numbers. Measured constants (fan-out rate per process, per-worker Celery rate,
 finds per page) default to this project's own runs and can be read from a
 ``bench.json`` with ``--bench``. Document sizes are not assumed: they are the BSON size of
-the documents this router's own code builds (:func:`router.model.copy_documents`,
-:func:`router.model.outbox_document`) for a payload of ``--payload-bytes``.
+the documents this router's own code builds (:func:`router.core.layouts.entry_of`,
+:func:`router.core.layouts.outbox.document`) for a payload of ``--payload-bytes``.
 
 The follower counts follow a Pareto law with shape ``--tail-alpha`` and the given mean,
 which sets how much of the fan-out belongs to authors above ``--pull-threshold`` (pulled,
@@ -32,7 +32,8 @@ import attrs
 import bson
 
 from ..ids import data_key
-from ..model import Activity, copy_documents, outbox_document
+from ..core.layouts import entry_of, outbox
+from ..model import Activity
 
 __all__ = ["Inputs", "Row", "plan", "main"]
 
@@ -87,8 +88,9 @@ def document_bytes(payload_bytes: int) -> tuple[int, int]:
     """BSON bytes of one feed copy and one outbox entry built by this router for a payload of that size."""
     activity = Activity(sender_id=10**12, event_time=datetime(2026, 1, 1, tzinfo=timezone.utc), type=1,
                         data={"p": "x" * max(payload_bytes - 8, 0)}, data_key=data_key("post", 10**12))
-    copy = copy_documents([bson.ObjectId()], [10**12 + 1], activity)[0]
-    return len(bson.encode(copy)), len(bson.encode(outbox_document(bson.ObjectId(), activity)))
+    a = activity
+    copy = entry_of(bson.ObjectId(), 10**12 + 1, a.sender_id, a.event_time, a.type, a.data, a.data_key)
+    return len(bson.encode(copy)), len(bson.encode(outbox.document(bson.ObjectId(), activity)))
 
 
 def pulled_share(i: Inputs) -> tuple[float, float]:

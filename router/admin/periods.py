@@ -9,12 +9,16 @@ change that would overlap another period or strand data:
   latest stored ``event_time``, or opening a period on a cluster that already holds
   documents outside it;
 * a cluster that already owns a different period (periods are not moved here);
-* a cluster that is not in ``clusters.yaml``.
+* a cluster that is not in ``clusters.yaml``;
+* a layout the cluster's server cannot keep (``buckets`` appends to a document other
+  writers also append to: a server that does not apply one document's filter and
+  update atomically, FerretDB v1 among them, would lose copies).
 
 Applying is idempotent and ordered so that a crash at any point leaves a valid map
 and re-running finishes the job. Migrations run on the new cluster first. Then the
 previous period is closed, which at worst leaves a gap that refuses writes, never an
-overlap. Last, the new cluster's metadata is written.
+overlap. Last, the new cluster's metadata is written, with its ``layout`` (the indexes that
+layout needs are created before it).
 
 Example::
 
@@ -34,13 +38,14 @@ import attrs
 import pymongo
 from pymongo.errors import PyMongoError
 
+from ..core.layouts import DEFAULT, LAYOUTS
 from ..errors import PeriodChangeRefused
 from ..model import ClusterMeta, to_utc
 from ..storage.clusters import Clusters
 from ..timemap import TimeMap, format_period
 from .migrate import Migration, migrate_cluster
 
-__all__ = ["PeriodChange", "plan_period", "apply_period", "stored_outside", "retire"]
+__all__ = ["PeriodChange", "apply_period", "layout_problem", "plan_period", "retire", "stored_outside"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -71,16 +76,12 @@ class PeriodChange:
         return lines
 
 
-def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: datetime | None) -> tuple[int, datetime | None]:
-    """How many feed documents of cluster *name* lie outside ``[start, end)`` (all of them when
-    both are ``None``), and the latest such time."""
+def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: datetime | None, *,
+                   layout: str = DEFAULT) -> tuple[int, datetime | None]:
+    """How many feed documents of cluster *name* (stored by *layout*) hold copies outside ``[start, end)`` (all of
+    them when both are ``None``), and the latest such time."""
     feed = clusters[name].feed
-    outside: list[dict[str, Any]] = []
-    if start is not None:
-        outside.append({"event_time": {"$lt": start}})
-    if end is not None:
-        outside.append({"event_time": {"$gte": end}})
-    query: dict[str, Any] = {} if not outside else outside[0] if len(outside) == 1 else {"$or": outside}
+    query, newest = LAYOUTS[layout].outside(start, end)
     try:
         # An admin check, run rarely, that may scan a whole cluster (no index starts with event_time,
         # to keep every feed insert cheap): it gets its own long deadline instead of socketTimeoutMS.
@@ -88,8 +89,8 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
             count = feed.count_documents(query)
             latest = None
             if count:
-                doc = feed.find_one(query, sort=[("event_time", -1)], projection={"event_time": 1})
-                latest = doc["event_time"] if doc else None
+                doc = feed.find_one(query, sort=[(newest, -1)], projection={newest: 1})
+                latest = doc[newest] if doc else None
     except PyMongoError as exc:
         raise clusters[name].error(exc, doing="counting stored documents") from exc
     return count, latest
@@ -105,13 +106,15 @@ def plan_period(
     close_previous: bool = False,
     now: datetime | None = None,
     min_notice: timedelta | None = None,
+    layout: str = DEFAULT,
 ) -> PeriodChange:
     """Check giving cluster *name* the period ``[start, end)``; raise :class:`PeriodChangeRefused` with every reason.
 
     With *close_previous*, an open-ended period that starts before *start* is closed
     at *start*; without it, such an overlap is refused. With *min_notice*, closing a
     period that has already started at a *start* less than that far from *now* is
-    refused: routers that have not refreshed yet may still write there.
+    refused: routers that have not refreshed yet may still write there. *layout* is how the
+    new period stores copies (:mod:`router.core.layouts`).
     """
     problems: list[str] = []
     start = to_utc(start, field="start")
@@ -121,6 +124,9 @@ def plan_period(
         raise PeriodChangeRefused([f"cluster {name!r} is not in {clusters.config.source}: add its name and uri there first"])
     if end is not None and end <= start:
         raise PeriodChangeRefused([f"end {end.isoformat()} must be after start {start.isoformat()}"])
+    problem = layout_problem(clusters, name, layout)
+    if problem is not None:
+        raise PeriodChangeRefused([problem])
     metas, meta_problems, down = clusters.inspect_metadata(allow_missing=clusters.names)
     if down:
         raise PeriodChangeRefused([f"{e} (every cluster must answer to check a change)" for e in down.values()])
@@ -134,10 +140,10 @@ def plan_period(
                 f"cluster {unassigned!r} has no metadata document but holds {count} documents: restore its metadata first"
             )
     timemap = TimeMap(metas)
-    new = ClusterMeta(name=name, start_date=start, end_date=end, creator_name=creator, created_at=now)
+    new = ClusterMeta(name=name, start_date=start, end_date=end, creator_name=creator, created_at=now, layout=layout)
     existing = next((m for m in timemap.periods if m.name == name), None)
     if existing is not None:
-        if (existing.start_date, existing.end_date) == (start, end):
+        if (existing.start_date, existing.end_date, existing.layout) == (start, end, layout):
             return PeriodChange(new=existing, close=None, already_done=True, timemap=timemap)
         problems.append(
             f"cluster {name!r} already owns {format_period(existing.start_date, existing.end_date)}; "
@@ -158,7 +164,7 @@ def plan_period(
                     f"less than {min_notice} to learn of it (they refresh every refresh_interval) and they may "
                     "still write there; choose a later start, or pass --force when no router is running"
                 )
-            count, latest = stored_outside(clusters, other.name, None, start)
+            count, latest = stored_outside(clusters, other.name, None, start, layout=other.layout)
             if count:
                 problems.append(
                     f"cluster {other.name!r} holds {count} documents at or after {start.isoformat()} "
@@ -174,7 +180,7 @@ def plan_period(
             problems.append(
                 f"{format_period(start, end)} overlaps cluster {other.name!r} {format_period(other.start_date, other.end_date)}"
             )
-    count, latest = stored_outside(clusters, name, start, end)
+    count, latest = stored_outside(clusters, name, start, end, layout=layout)
     if count:
         problems.append(
             f"cluster {name!r} already holds {count} documents outside {format_period(start, end)} "
@@ -204,7 +210,8 @@ def apply_period(
         return lines
     if change.close is not None:
         # Checked again right before closing: documents may have arrived since planning.
-        count, latest = stored_outside(clusters, change.close.name, None, change.new.start_date)
+        count, latest = stored_outside(clusters, change.close.name, None, change.new.start_date,
+                                       layout=change.close.layout)
         if count:
             raise PeriodChangeRefused([
                 f"cluster {change.close.name!r} received {count} documents at or after "
@@ -213,11 +220,31 @@ def apply_period(
         lines.append(f"{verb}close cluster {change.close.name!r}: end_date = {change.new.start_date.isoformat()}")
         if not dry_run:
             clusters[change.close.name].write_meta(change.close)
-    lines.append(f"{verb}write metadata of cluster {change.new.name!r}: {format_period(change.new.start_date, change.new.end_date)}")
+    for index in LAYOUTS[change.new.layout].indexes() if change.new.layout != DEFAULT else ():
+        lines.append(f"{verb}create index {index.name!r} on {target.name}.feed ({change.new.layout} layout)")
+        if not dry_run:
+            keys = list(index.keys)
+            target.call("creating indexes", lambda: target.feed.create_index(keys, name=index.name, unique=index.unique))
+    lines.append(f"{verb}write metadata of cluster {change.new.name!r}: {format_period(change.new.start_date, change.new.end_date)}"
+                 f", layout {change.new.layout}")
     if not dry_run:
         target.write_meta(change.new)
         log.info("cluster %s now owns %s", change.new.name, format_period(change.new.start_date, change.new.end_date))
     return lines
+
+
+def layout_problem(clusters: Clusters, name: str, layout: str) -> str | None:
+    """Why cluster *name* cannot store a period in *layout* (an unknown layout, or one its server cannot keep), or None."""
+    chosen = LAYOUTS.get(layout)
+    if chosen is None:
+        return f"layout {layout!r} is not one of {', '.join(sorted(LAYOUTS))}"
+    if chosen.needs_atomic_updates:
+        caps = clusters[name].capabilities()
+        if not caps.atomic_updates:
+            return (f"cluster {name!r} cannot use layout {layout!r}: its server ({caps.server} {caps.version}) does not "
+                    "apply one document's filter and update atomically, so concurrent appends to one bucket would lose "
+                    "copies; use layout 'copies' there")
+    return None
 
 
 def retire(clusters: Clusters, name: str, *, now: datetime | None = None, dry_run: bool = False) -> ClusterMeta:

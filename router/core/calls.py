@@ -147,13 +147,14 @@ def unseen_count(view: View, receiver_id: object, *, cap: object = 99, pull: Seq
     receiver = _receiver(receiver_id)
     limit = positive_int("cap", cap, maximum=MAX_CAP)
     plan = UnseenPlan(receiver_id=receiver, names=_window(view), cap=limit, deadline=deadline_in(view.settings.timeout),
+                      timemap=view.routing.timemap,
                       pull=check_senders(pull, field="pull", limit=view.settings.max_pull, per="read"))
     return unseen_program(plan)
 
 
 def delete(view: View, data_key: object) -> Program[int]:
     """``delete``: every copy and the outbox entry, every configured cluster."""
-    return delete_program(_data_key(data_key), view.names, view.settings.edit)
+    return delete_program(_data_key(data_key), view.names, view.settings.edit, view.routing.timemap)
 
 
 def update(view: View, data_key: object, data: object) -> Program[int]:
@@ -162,14 +163,14 @@ def update(view: View, data_key: object, data: object) -> Program[int]:
     if not isinstance(data, Mapping):
         raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})")
     check_data(data, None)
-    return update_program(key, dict(data), view.names, view.settings.edit)
+    return update_program(key, dict(data), view.names, view.settings.edit, view.routing.timemap)
 
 
 def unfollow(view: View, receiver_id: object, sender_id: object) -> Program[int]:
     """``unfollow``: the sender's copies out of the receiver's feed, every cluster of the read window."""
     receiver, sender = _receiver(receiver_id), _receiver(sender_id, "sender_id")
     names = view.routing.timemap.clusters_for_read(now=view.now, window=view.config.read_window)
-    return unfollow_program(receiver, sender, names, view.settings.edit)
+    return unfollow_program(receiver, sender, names, view.settings.edit, view.routing.timemap)
 
 
 def backfill(

@@ -38,11 +38,12 @@ from bson.raw_bson import RawBSONDocument
 
 from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
-from ..model import Activity, copy_documents, to_utc
+from ..model import Activity, to_utc
 from ..observe import Event
 from .checkpoint import admit_batch, check_batch, millis, record_batch
 from .checks import check_activity, receiver_problem
 from .fence import NEVER, Fence, settle
+from .layouts import DEFAULT, LAYOUTS, entry_of, layout_named
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
@@ -98,6 +99,8 @@ class FanOutJob:
     cluster: str
     activity: Activity
     batch_size: int
+    #: How the owner cluster's period stores copies (its metadata's ``layout``).
+    layout: str = DEFAULT
 
     @property
     def log_extra(self) -> dict[str, str]:
@@ -117,7 +120,7 @@ class FanOutJob:
         """A JSON-safe description (``data`` must be JSON-safe too, as it is for Celery's JSON serializer)."""
         a = self.activity
         return {
-            "job_id": self.job_id, "cluster": self.cluster, "batch_size": self.batch_size,
+            "job_id": self.job_id, "cluster": self.cluster, "batch_size": self.batch_size, "layout": self.layout,
             "activity": {"sender_id": a.sender_id, "event_time_ms": millis(a.event_time), "type": a.type,
                          "data": dict(a.data), "data_key": a.data_key},
         }
@@ -132,7 +135,8 @@ class FanOutJob:
                 type=a["type"], data=a["data"], data_key=a["data_key"],
             )
             job = cls(job_id=str(value["job_id"]), cluster=str(value["cluster"]), activity=activity,
-                      batch_size=positive_int("batch_size", value["batch_size"], maximum=MAX_BATCH_SIZE))
+                      batch_size=positive_int("batch_size", value["batch_size"], maximum=MAX_BATCH_SIZE),
+                      layout=layout_named(str(value.get("layout", DEFAULT))).name)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidItem("job", f"is not a fan-out job description ({type(exc).__name__}: {exc})") from None
         check_activity(job.activity)
@@ -154,11 +158,14 @@ def plan_job(
         job_id = f"{activity.data_key}:{millis(activity.event_time)}"
     elif not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
         raise InvalidItem("job_id", f"must be a non-empty str of at most 1024 characters (got {job_id!r:.80})")
-    located = yield from routed(
-        lambda r: r.locate(ts), routing, where=lambda _past: (activity.event_time, "event_time")
-    )
+    def owner(r: Routing) -> tuple[str, str]:
+        name = r.locate(ts)[0]
+        return name, r.timemap.layout_of(name)
+
+    cluster, layout = yield from routed(owner, routing, where=lambda _past: (activity.event_time, "event_time"))
     event_time = to_utc(activity.event_time)
-    return FanOutJob(job_id=job_id, cluster=located[0], activity=attrs.evolve(activity, event_time=event_time), batch_size=size)
+    return FanOutJob(job_id=job_id, cluster=cluster, activity=attrs.evolve(activity, event_time=event_time),
+                     batch_size=size, layout=layout)
 
 
 def receiver_stream(receivers: object) -> Iterator[Any]:
@@ -266,7 +273,10 @@ def batch_program(
             valid.append(receiver)
     a = job.activity
     ids = copy_ids(job.seconds, a.data_key, valid)
-    docs = copy_documents(ids, valid, a, data=known.data if known.updated else data)
+    shared = known.data if known.updated else a.data if data is None else data
+    sender, event_time, kind, key = a.sender_id, a.event_time, a.type, a.data_key
+    docs = [entry_of(oid, receiver, sender, event_time, kind, shared, key) for oid, receiver in zip(ids, valid)]
+    layout = LAYOUTS[job.layout]
     written = already = 0
     failed: list[int | str] = []
     errors: list[RouterError] = list(invalid)
@@ -274,13 +284,13 @@ def batch_program(
     fence: Fence | None = None
     if docs:
         result = yield from insert_program(
-            job.cluster, "feed", docs, policy=policy, deadline=deadline_in(timeout), duplicates="present"
+            job.cluster, "feed", docs, policy=policy, deadline=deadline_in(timeout), duplicates="present", layout=layout
         )
         written, already, stopped = result.written, len(result.present), result.stopped
         failed = [valid[p] for p in sorted(result.failed)]
         reasons: list[RouterError] = list(result.failed.values())
         if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
-            settled = yield from settle(job.cluster, "feed", {a.data_key: ids}, seqs={a.data_key: known.seq},
+            settled = yield from settle(job.cluster, layout.fix, {a.data_key: ids}, seqs={a.data_key: known.seq},
                                         timeout=timeout)
             if isinstance(settled, Failure):  # the copies are in doubt until the fence is read: not written
                 written, already, failed, stopped = 0, 0, list(valid), settled

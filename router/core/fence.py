@@ -36,7 +36,7 @@ and writes the new data once it has seen an update.
 
 Example::
 
-    fences = driver.run(settle("cluster_3", "feed", {key: copy_ids}, seqs={key: 0}, timeout=10.0))
+    fences = driver.run(settle("cluster_3", layout.fix, {key: copy_ids}, seqs={key: 0}, timeout=10.0))
     if fences[key].deleted: ...   # the copies just written are gone again
 """
 
@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,7 @@ import attrs
 from ..errors import ClusterUnavailable, ItemDeleted
 from .checkpoint import JobStatus, open_checkpoint
 from .policy import RetryPolicy, deadline_in
-from .steps import Collection, Delete, Failure, Find, Program, Update
+from .steps import Collection, Delete, Failure, Find, Program, Request
 from .writes import insert_program
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELETED", "EDITS_COLLECTION", "Fence", "FenceMemo", "NEVER", "fenced_status", "mark_deleted", "mark_updated",
-    "read_fences", "refuse_deleted", "settle", "start_job",
+    "Fixer", "read_fences", "refuse_deleted", "settle", "start_job",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,6 @@ UTC = timezone.utc
 EDITS_COLLECTION: Collection = "edits"
 #: A tombstone's ``seq``: above every update's.
 DELETED = 2**62
-#: The most ``_id``\\ s one statement names (FerretDB's statement parameter limit on SQLite is 32,766).
-IDS_PER_STATEMENT = 10_000
 _SORT = [("seq", -1)]
 _PROJECTION = {"_id": 0, "data_key": 1, "seq": 1, "data": 1}
 
@@ -150,21 +148,22 @@ def start_job(job: FanOutJob, *, timeout: float) -> Program[tuple[set[int], Fenc
     return done, fence
 
 
-def _chunks(ids: Sequence[Any]) -> list[list[Any]]:
-    return [list(ids[i:i + IDS_PER_STATEMENT]) for i in range(0, len(ids), IDS_PER_STATEMENT)]
+#: What removes (data None) or re-datas the just-written documents of a key: a layout's ``fix``, or the outbox's.
+Fixer = Callable[[str, str, Sequence[Any], "Mapping[str, Any] | None", float], list[Request]]
 
 
 def settle(
-    cluster: str, collection: Collection, written: Mapping[str, Sequence[Any]], *, seqs: Mapping[str, int] | None = None,
+    cluster: str, fix: Fixer, written: Mapping[str, Sequence[Any]], *, seqs: Mapping[str, int] | None = None,
     timeout: float,
 ) -> Program[dict[str, Fence] | Failure]:
     """Bring documents just written up to the fence: remove those of deleted keys, re-apply newer updates.
 
-    *written* maps each ``data_key`` to the ``_id``\\ s just written (copies in ``feed``, or
-    an entry in ``outbox``); *seqs* gives the edit each key's data came from (0, the
-    default: the data as published). Reads the fence again after every update it applies,
-    until nothing newer is found. Returns each key's fence, or the :class:`Failure` that
-    stopped it (the documents are then in doubt: report them not written).
+    *written* maps each ``data_key`` to the ``_id``\\ s just written (copies, by the cluster's
+    layout, or an entry in ``outbox``), and *fix* gives the requests that remove or re-data
+    them; *seqs* gives the edit each key's data came from (0, the default: the data as
+    published). Reads the fence again after every update it applies, until nothing newer
+    is found. Returns each key's fence, or the :class:`Failure` that stopped it (the
+    documents are then in doubt: report them not written).
     """
     deadline = deadline_in(timeout)
     pending = {key: (seqs or {}).get(key, 0) for key in written}
@@ -177,18 +176,14 @@ def settle(
         newer = {key: found[key].seq for key, seq in pending.items() if key in found and seq < found[key].seq < DELETED}
         fences.update({key: found.get(key, NEVER) for key in pending})
         for key in doomed + list(newer):
-            data = fences[key].data
-            for chunk in _chunks(written[key]):
-                # data_key first: FerretDB fetches only that key's documents, then filters the ids
-                match = {"data_key": key, "_id": {"$in": chunk}}
-                answer = yield (Delete(cluster, collection, match, deadline) if key not in newer else
-                                Update(cluster, collection, {**match, "data": {"$ne": data}}, {"$set": {"data": data}},
-                                       deadline))
+            data = fences[key].data if key in newer else None
+            for request in fix(cluster, key, written[key], data, deadline):
+                answer = yield request
                 if isinstance(answer, Failure):
                     return answer
         if doomed or newer:
-            log.info("cluster %s: %s written under an edit: %d keys' documents removed, %d keys' updated again",
-                     cluster, collection, len(doomed), len(newer), extra={"cluster": cluster})
+            log.info("cluster %s: documents written under an edit: %d keys' documents removed, %d keys' updated again",
+                     cluster, len(doomed), len(newer), extra={"cluster": cluster})
         pending = newer
     return fences
 

@@ -29,18 +29,16 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position, encode_state
-from ..ids import copy_ids
 from ..model import FeedItem, Page
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
+from .layouts import LAYOUTS, Inbox, Layout, outbox
 from .policy import turn_deadline
 from .steps import Concurrently, Failure, Find, Program, Report
 
-__all__ = ["PAGE_SORT", "ReadPlan", "read_program"]
+__all__ = ["ReadPlan", "read_program"]
 
 log = logging.getLogger(__name__)
-#: The order of a page, and of the index every page query uses.
-PAGE_SORT = (("event_time", -1), ("_id", -1))
 
 
 @attrs.frozen
@@ -57,10 +55,6 @@ class ReadPlan:
     deadline: float
     pull: tuple[int | str, ...] = ()
     types: tuple[int | str, ...] = ()
-
-    def only(self) -> dict[str, Any]:
-        """The clause that keeps only the asked-for types (nothing when every type is wanted)."""
-        return {"type": {"$in": list(self.types)}} if self.types else {}
 
 
 @attrs.frozen
@@ -87,8 +81,34 @@ class _Fetched:
     more: bool
 
 
-def _older(position: Position | None) -> dict[str, Any]:
-    return position.older_filter() if position is not None else {}
+def _layout(plan: ReadPlan, cluster: str) -> Layout:
+    return LAYOUTS[plan.timemap.layout_of(cluster)]
+
+
+def _inbox(plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float) -> Program[Inbox | Failure]:
+    """The receiver's own feed after *position*: the *need* newest entries of the asked-for types."""
+    return (yield from _layout(plan, cluster).inbox(cluster, plan.receiver_id, position, need, plan.types, deadline))
+
+
+def _inbox_only(
+    plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
+) -> Program[_Fetched | Failure]:
+    inbox = yield from _inbox(plan, cluster, position, need, deadline)
+    if isinstance(inbox, Failure):
+        return inbox
+    entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
+    last = Position(entries[-1].event_time, entries[-1].key) if entries else None
+    return _Fetched(entries, last, inbox.full)
+
+
+def _pulled_entries(plan: ReadPlan, docs: list[dict[str, Any]]) -> list[_Entry]:
+    """Outbox documents as page entries, each under the key the receiver's copy has (or would have)."""
+    entries = []
+    for doc in docs:
+        pulled = outbox.pulled_item(doc, plan.receiver_id)
+        if pulled is not None:
+            entries.append(_Entry(*pulled, True))
+    return entries
 
 
 def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
@@ -96,65 +116,32 @@ def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
     return answer
 
 
-def _inbox_request(plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float) -> Find:
-    """The receiver's own feed after *position*: the *need* newest entries of the asked-for types."""
-    return Find(cluster, "feed", {"receiver_id": plan.receiver_id, **plan.only(), **_older(position)}, deadline,
-                sort=PAGE_SORT, limit=need)
-
-
-def _inbox_only(
-    plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
-) -> Program[_Fetched | Failure]:
-    docs = yield _inbox_request(plan, cluster, position, need, deadline)
-    if isinstance(docs, Failure):
-        return docs
-    entries = [_Entry(d["event_time"], d["_id"], FeedItem.from_document(d), False) for d in docs]
-    last = Position(entries[-1].event_time, entries[-1].key) if entries else None
-    return _Fetched(entries, last, len(docs) == need)
-
-
-def _pulled_entries(plan: ReadPlan, docs: list[dict[str, Any]]) -> list[_Entry]:
-    """Outbox documents as page entries, each under the key the receiver's copy has (or would have)."""
-    entries = []
-    receiver = plan.receiver_id
-    for doc in docs:
-        t: datetime = doc["event_time"]
-        try:
-            (key,) = copy_ids(int(t.timestamp()), doc["data_key"], [receiver])
-        except (KeyError, TypeError, ValueError, UnicodeEncodeError) as exc:
-            log.warning("outbox entry %r skipped: %s", doc.get("_id"), exc)
-            continue
-        item = FeedItem(
-            receiver_id=receiver, sender_id=doc["sender_id"], event_time=t, type=doc["type"], data=doc["data"],
-            data_key=doc["data_key"], id=key,
-        )
-        entries.append(_Entry(t, key, item, True))
-    return entries
-
-
 def _with_pull(
     plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
 ) -> Program[_Fetched | Failure]:
     skip = position.skip if position is not None else 0
-    senders: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}, **plan.only()}
-    outbox_filter: dict[str, Any] = dict(senders)
-    if position is not None:
-        outbox_filter["event_time"] = {"$lte": position.event_time}
-    inbox_request = _inbox_request(plan, cluster, position, need, deadline)
-    outbox_request = Find(cluster, "outbox", outbox_filter, deadline, sort=PAGE_SORT, limit=need + skip)
-    inbox, outbox = yield Concurrently([_find(inbox_request), _find(outbox_request)], [cluster, cluster])
-    for answer in (inbox, outbox):
+
+    def pulled(limit: int = 0, *, at_or_before: datetime | None = None, at: datetime | None = None,
+               before: datetime | None = None) -> Find:
+        return outbox.find(cluster, plan.pull, deadline, types=plan.types, limit=limit, at_or_before=at_or_before, at=at,
+                           before=before)
+
+    outbox_request = pulled(need + skip, at_or_before=position.event_time if position is not None else None)
+    inbox, found = yield Concurrently([_inbox(plan, cluster, position, need, deadline), _find(outbox_request)],
+                                     [cluster, cluster])
+    for answer in (inbox, found):
         if isinstance(answer, Failure):
             return answer
-    inbox_entries = [_Entry(d["event_time"], d["_id"], FeedItem.from_document(d), False) for d in inbox]
-    inbox_full = len(inbox) == need
-    inbox_front = (inbox[-1]["event_time"], inbox[-1]["_id"].binary) if inbox_full and inbox else None
-    outbox_full = len(outbox) == need + skip  # the store may hold more pulled entries at or below the last one
+    docs: list[dict[str, Any]] = found
+    inbox_entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
+    inbox_full = inbox.full
+    inbox_front = (inbox_entries[-1].event_time, inbox_entries[-1].key.binary) if inbox_full and inbox_entries else None
+    outbox_full = len(docs) == need + skip  # the store may hold more pulled entries at or below the last one
     whole_group = False  # True once every pulled entry of the last answer's millisecond is known
     for _attempt in range(4):
-        pulled = _pulled_entries(plan, outbox)
-        entries = _merge(inbox_entries, pulled, position)
-        outbox_floor = outbox[-1]["event_time"] if outbox_full and outbox else None
+        pulled_entries = _pulled_entries(plan, docs)
+        entries = _merge(inbox_entries, pulled_entries, position)
+        outbox_floor = outbox.entry_key(docs[-1])[0] if outbox_full and docs else None
         safe = [
             e for e in entries
             if (inbox_front is None or (e.event_time, e.key.binary) >= inbox_front)
@@ -164,20 +151,19 @@ def _with_pull(
             break
         if not whole_group:
             # More than a page of pulled entries share the millisecond outbox_floor: fetch all of it.
-            group = yield Find(cluster, "outbox", {**senders, "event_time": outbox_floor}, deadline, sort=PAGE_SORT)
+            group = yield pulled(at=outbox_floor)
             if isinstance(group, Failure):
                 return group
-            known = {d["_id"] for d in outbox}
-            outbox = outbox + [d for d in group if d["_id"] not in known]
+            known = {outbox.entry_key(d) for d in docs}
+            docs = docs + [d for d in group if outbox.entry_key(d) not in known]
             whole_group = True
             continue
         # That whole millisecond was served already (entries published there after the cursor was made, under keys
         # it had passed, pushed the rest out of the answer): go on below it.
-        lower = yield Find(cluster, "outbox", {**senders, "event_time": {"$lt": outbox_floor}}, deadline,
-                           sort=PAGE_SORT, limit=need)
+        lower = yield pulled(need, before=outbox_floor)
         if isinstance(lower, Failure):
             return lower
-        outbox, outbox_full, whole_group = outbox + lower, len(lower) == need, False
+        docs, outbox_full, whole_group = docs + lower, len(lower) == need, False
     else:  # pragma: no cover - each fetch above ends with something safe to serve or nothing left
         raise RuntimeError(f"read of cluster {cluster!r}: no progress after fetching the outbox 4 times")
     taken = safe[:need]
@@ -185,7 +171,7 @@ def _with_pull(
     if not taken:
         return _Fetched([], None, more_here)
     last = taken[-1]
-    boundary = sum(1 for e in pulled if e.event_time == last.event_time and e.key.binary >= last.key.binary)
+    boundary = sum(1 for e in pulled_entries if e.event_time == last.event_time and e.key.binary >= last.key.binary)
     return _Fetched(taken, Position(last.event_time, last.key, boundary), more_here)
 
 

@@ -36,8 +36,10 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import Position
-from ..ids import copy_ids
-from .steps import Concurrently, Count, Delete, Failure, Find, Insert, InsertOutcome, Program
+from ..timemap import TimeMap
+from .layouts import DEFAULT, LAYOUTS, Layout, outbox
+from .layouts.copies import older_than
+from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program
 
 __all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_program", "unseen_program"]
 
@@ -77,18 +79,11 @@ class UnseenPlan:
     cap: int
     deadline: float
     pull: tuple[int | str, ...] = ()
+    timemap: TimeMap | None = None
 
-
-def _below(position: Position) -> dict[str, Any]:
-    """Markers strictly below *position*."""
-    return {"$or": [{"event_time": {"$lt": position.event_time}}, {"event_time": position.event_time, "key": {"$lt": position.id}}]}
-
-
-def _newer(position: Position | None, field: str = "_id") -> dict[str, Any]:
-    """Entries strictly newer than *position* in page order (nothing to add without a marker)."""
-    if position is None:
-        return {}
-    return {"$or": [{"event_time": {"$gt": position.event_time}}, {"event_time": position.event_time, field: {"$gt": position.id}}]}
+    def layout(self, name: str) -> Layout:
+        """The layout of cluster *name*'s period."""
+        return LAYOUTS[self.timemap.layout_of(name) if self.timemap is not None else DEFAULT]
 
 
 def mark_program(receiver_id: int | str, position: Position, cluster: str, *, deadline: float) -> Program[Position]:
@@ -99,7 +94,7 @@ def mark_program(receiver_id: int | str, position: Position, cluster: str, *, de
         raise outcome.failure.error
     if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
         raise RuntimeError(f"cluster {cluster!r}: the seen marker was refused: {outcome.write_errors[0].message}")
-    cleaned = yield Delete(cluster, "seen", {"receiver_id": receiver_id, **_below(position)}, deadline)
+    cleaned = yield Delete(cluster, "seen", {"receiver_id": receiver_id, **older_than(position, "key")}, deadline)
     if isinstance(cleaned, Failure):  # the marker is stored; the lower ones left are harmless, and go next time
         log.warning("seen markers below the new one stay for now: %s", cleaned.error, extra={"cluster": cluster})
     return position
@@ -120,13 +115,13 @@ def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: fl
     return None, len(names)
 
 
-def _keys(answer: list[dict[str, Any]] | Failure) -> list[dict[str, Any]]:
+def _keys(answer: Any) -> Any:
     if isinstance(answer, Failure):
         raise answer.error
     return answer
 
 
-def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
+def _pulled(request: Find) -> Program[list[dict[str, Any]] | Failure]:
     answer: list[dict[str, Any]] | Failure = yield request
     return answer
 
@@ -138,31 +133,22 @@ def _count_with_pull(plan: UnseenPlan, cluster: str, marker: Position | None, ne
     Outbox entries in the marker's own millisecond are fetched whole (the store cannot order
     them by the key the page gives them), so none is lost or counted wrongly there.
     """
-    senders = {"sender_id": {"$in": list(plan.pull)}}
-    time_order = (("event_time", -1), ("_id", -1))
-    requests = [
-        Find(cluster, "feed", {"receiver_id": plan.receiver_id, **_newer(marker)}, plan.deadline, sort=time_order,
-             limit=need, projection={"_id": 1, "event_time": 1}),
-        Find(cluster, "outbox", {**senders, **({"event_time": {"$gt": marker.event_time}} if marker else {})},
-             plan.deadline, sort=time_order, limit=need, projection={"_id": 0, "event_time": 1, "data_key": 1}),
+    programs = [
+        plan.layout(cluster).newer(cluster, plan.receiver_id, marker, need, plan.deadline),
+        _pulled(outbox.find(cluster, plan.pull, plan.deadline, after=marker.event_time if marker else None, limit=need,
+                            keys_only=True)),
     ]
     if marker is not None:
-        requests.append(Find(cluster, "outbox", {**senders, "event_time": marker.event_time}, plan.deadline,
-                             projection={"_id": 0, "event_time": 1, "data_key": 1}))
-    answers = yield Concurrently([_find(r) for r in requests], [cluster] * len(requests))
-    inbox, outbox = _keys(answers[0]), _keys(answers[1])
-    if len(inbox) >= need or len(outbox) >= need:
+        programs.append(_pulled(outbox.find(cluster, plan.pull, plan.deadline, at=marker.event_time, keys_only=True)))
+    answers = yield Concurrently(programs, [cluster] * len(programs))
+    inbox, found = _keys(answers[0]), _keys(answers[1])
+    if len(inbox) >= need or len(found) >= need:
         return need
-    seen = {(d["event_time"], d["_id"]) for d in inbox}
-    pulled = outbox + (_keys(answers[2]) if marker is not None else [])
-    for doc in pulled:
-        t: datetime = doc["event_time"]
-        try:
-            (key,) = copy_ids(int(t.timestamp()), doc["data_key"], [plan.receiver_id])
-        except (KeyError, TypeError, ValueError, UnicodeEncodeError):
-            continue  # a page skips such an entry too
-        if marker is None or (t, key.binary) > (marker.event_time, marker.id.binary):
-            seen.add((t, key))
+    seen = set(inbox)
+    for doc in found + (_keys(answers[2]) if marker is not None else []):
+        where = outbox.keyed(doc, plan.receiver_id)  # (None: a page skips such an entry too)
+        if where is not None and (marker is None or (where[0], where[1].binary) > (marker.event_time, marker.id.binary)):
+            seen.add(where)
     return min(len(seen), need)
 
 
@@ -176,10 +162,7 @@ def unseen_program(plan: UnseenPlan) -> Program[Unseen]:
         if plan.pull:
             n = yield from _count_with_pull(plan, name, bound, need)
         else:
-            answer = yield Count(name, "feed", {"receiver_id": plan.receiver_id, **_newer(bound)}, plan.deadline, limit=need)
-            if isinstance(answer, Failure):
-                raise answer.error
-            n = int(answer)
+            n = _keys((yield from plan.layout(name).count_newer(name, plan.receiver_id, bound, need, plan.deadline)))
         queried.append(name)
         total += n
         if total > plan.cap:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from ..config import RouterConfig
-from .edits import EditSettings
+from .layouts import EditSettings
 from .policy import RetryPolicy
 from .writes import WriteSettings
 

@@ -32,13 +32,13 @@ import attrs
 
 from ..errors import InvalidItem, ItemDeleted
 from ..ids import copy_ids, outbox_id
-from ..model import Activity, copy_documents, outbox_document, to_utc
+from ..model import to_utc
 from ..timemap import ReadWindow, TimeMap
 from .fanout import FanOutJob
 from .fence import settle
+from .layouts import LAYOUTS, entry_of, outbox
 from .policy import RetryPolicy, deadline_in
-from .reads import PAGE_SORT
-from .steps import Failure, Find, Program
+from .steps import Failure, Program
 from .tally import FanOutResult
 from .writes import insert_program
 
@@ -56,12 +56,12 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float) -> Prog
     removed again) for a post deleted before or while it was stored: nothing is fanned out then.
     """
     a = job.activity
-    doc = outbox_document(outbox_id(job.seconds, a.data_key), a)
-    result = yield from insert_program(job.cluster, "outbox", [doc], policy=policy, deadline=deadline_in(timeout),
-                                       duplicates="present")
+    oid = outbox_id(job.seconds, a.data_key)
+    result = yield from insert_program(job.cluster, "outbox", [outbox.document(oid, a)], policy=policy,
+                                       deadline=deadline_in(timeout), duplicates="present")
     if result.failed:
         raise result.failed[0]
-    fences = yield from settle(job.cluster, "outbox", {a.data_key: [doc["_id"]]}, timeout=timeout)
+    fences = yield from settle(job.cluster, outbox.fix, {a.data_key: [oid]}, timeout=timeout)
     if isinstance(fences, Failure):
         raise fences.error
     if fences[a.data_key].deleted:
@@ -151,31 +151,31 @@ def backfill_program(
     for cluster in timemap.clusters_for_read(now=now, window=window):
         if remaining <= 0:
             break
-        match: dict[str, Any] = {"sender_id": {"$in": list(senders)}}
-        if after is not None:
-            match["event_time"] = {"$gt": after}
         deadline = deadline_in(timeout)
-        found = yield Find(cluster, "outbox", match, deadline, sort=PAGE_SORT, limit=remaining)
+        found = yield outbox.find(cluster, senders, deadline, after=after, limit=remaining)
         if isinstance(found, Failure):
             raise found.error
         read.append(cluster)
         remaining -= len(found)
+        keys: list[str] = []
         docs: list[dict[str, Any]] = []
         written_ids: dict[str, list[Any]] = {}
         for entry in found:
-            activity = Activity.from_document(entry)
-            (oid,) = copy_ids(int(activity.event_time.timestamp()), activity.data_key, [receiver_id])
-            docs.extend(copy_documents([oid], [receiver_id], activity))
-            written_ids.setdefault(activity.data_key, []).append(oid)
+            a = outbox.activity_of(entry)
+            (oid,) = copy_ids(int(a.event_time.timestamp()), a.data_key, [receiver_id])
+            docs.append(entry_of(oid, receiver_id, a.sender_id, a.event_time, a.type, a.data, a.data_key))
+            keys.append(a.data_key)
+            written_ids.setdefault(a.data_key, []).append(oid)
         if docs:
+            layout = LAYOUTS[timemap.layout_of(cluster)]
             result = yield from insert_program(cluster, "feed", docs, policy=policy, deadline=deadline,
-                                               duplicates="present")
+                                               duplicates="present", layout=layout)
             if result.failed:
                 raise next(iter(result.failed.values()))
-            fences = yield from settle(cluster, "feed", written_ids, timeout=timeout)
+            fences = yield from settle(cluster, layout.fix, written_ids, timeout=timeout)
             if isinstance(fences, Failure):
                 raise fences.error
-            gone = {p for p, doc in enumerate(docs) if fences[doc["data_key"]].deleted}  # deleted meanwhile: removed
+            gone = {p for p, key in enumerate(keys) if fences[key].deleted}  # deleted meanwhile: removed
             present_now = set(result.present)
             written += result.written - len(gone - present_now)
             present += len(present_now - gone)

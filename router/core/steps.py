@@ -47,6 +47,7 @@ __all__ = [
     "Sleep",
     "Update",
     "UpdateOutcome",
+    "Upserts",
     "WriteError",
 ]
 
@@ -141,6 +142,18 @@ class Update:
     deadline: float
     upsert: bool = False
     one: bool = False
+    array_filters: Sequence[Mapping[str, Any]] | None = None
+
+
+@attrs.frozen(slots=True)
+class Upserts:
+    """Unordered ``bulk_write`` of ``update_one(filter, update, upsert=True)``, one per pair in *ops*; answered,
+    like :class:`Insert`, with an :class:`InsertOutcome` whose write errors name positions in *ops*."""
+
+    cluster: str
+    collection: Collection
+    ops: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]
+    deadline: float
 
 
 @attrs.frozen(slots=True)
@@ -206,7 +219,7 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Insert | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = Find | Count | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 

@@ -31,9 +31,10 @@ from bson import ObjectId
 
 from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
 from ..ids import make_ids
-from ..model import FeedItem, item_documents
+from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
+from .layouts import LAYOUTS, Entry, Layout, entry_of
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
@@ -102,7 +103,10 @@ def _prepare(seq: Sequence[FeedItem], routing: Routing, indexed: bool) -> Prepar
     ids = make_ids(seconds)
     for i, oid in given.items():
         ids[i] = oid
-    documents = item_documents(seq, ids)
+    documents = [
+        entry_of(oid, item.receiver_id, item.sender_id, item.event_time, item.type, item.data, item.data_key)
+        for item, oid in zip(seq, ids)
+    ]
     batches = {name: (idx, [documents[i] for i in idx]) for name, idx in routes.items()}
     return Prepared(ids=ids, batches=batches, given=frozenset(given))
 
@@ -145,9 +149,12 @@ def insert_program(
     deadline: float,
     duplicates: Literal["present", "check"],
     given: frozenset[int] = frozenset(),
+    layout: Layout | None = None,
 ) -> Program[InsertResult]:
     """Insert *docs* (unordered), retrying what the policy allows; report each position's outcome.
 
+    With *layout*, *docs* are entries (copies) and the layout stores them and reads them
+    back; without, they are documents of *collection*, stored as they are.
     *given* lists the positions whose ``_id`` the caller chose (checked, never renamed).
     A send that fails as a whole and cannot be retried fails every document still pending
     with the cluster's error: their outcome is unknown, so none is reported written.
@@ -160,7 +167,9 @@ def insert_program(
     retries = 0
     sent_before = False  # has a send of these documents possibly reached the server?
     while pending:
-        outcome: InsertOutcome = yield Insert(cluster, collection, [docs[p] for p in pending], deadline)
+        batch = [docs[p] for p in pending]
+        outcome: InsertOutcome = yield (Insert(cluster, collection, batch, deadline) if layout is None
+                                        else layout.store(cluster, batch, deadline))
         whole = outcome.failure
         if whole is not None:
             delay = policy.pause(retries + 1, deadline=deadline) if whole.retryable else None
@@ -200,7 +209,7 @@ def insert_program(
         elif duplicate:
             again = yield from _sort_duplicates(
                 cluster, collection, docs, duplicate, sent_before=sent_before, given=given, deadline=deadline,
-                present=present, failed=failed, renamed=renamed,
+                present=present, failed=failed, renamed=renamed, layout=layout,
             )
         sent_before = True
         if transient:
@@ -246,6 +255,7 @@ def _sort_duplicates(
     present: list[int],
     failed: dict[int, RouterError],
     renamed: dict[int, ObjectId],
+    layout: Layout | None,
 ) -> Program[list[int]]:
     """Decide each duplicate: present (ours, stored earlier), refused (a caller's id taken), or renamed; return
     the positions to send again."""
@@ -253,13 +263,16 @@ def _sort_duplicates(
     same: set[int] = set()
     if check:
         wanted = {docs[p]["_id"]: p for p in check}
-        found = yield Find(cluster, collection, {"_id": {"$in": list(wanted)}}, deadline)
+        ids = list(wanted)
+        found = yield (Find(cluster, collection, {"_id": {"$in": ids}}, deadline) if layout is None
+                       else layout.lookup(cluster, ids, deadline))
         if isinstance(found, Failure):
             for p in check:  # stored or not, we cannot tell: not reported written
                 failed[p] = found.error
             duplicate = [p for p in duplicate if p not in wanted.values()]
         else:
-            same = {wanted[d["_id"]] for d in found if d["_id"] in wanted and _same_item(d, docs[wanted[d["_id"]]])}
+            stored = found if layout is None else layout.looked_up(found, ids)
+            same = {wanted[d["_id"]] for d in stored if d["_id"] in wanted and _same_item(d, docs[wanted[d["_id"]]])}
     again: list[int] = []
     for p in duplicate:
         if p in same:
@@ -276,8 +289,8 @@ def _sort_duplicates(
 
 
 def _cluster_program(
-    cluster: str, indexes: list[int], docs: list[dict[str, Any]], given: frozenset[int], settings: WriteSettings,
-    deadline: float,
+    cluster: str, indexes: list[int], docs: list[Entry], given: frozenset[int], settings: WriteSettings,
+    deadline: float, layout: Layout,
 ) -> Program[tuple[dict[int, RouterError], dict[int, ObjectId]]]:
     """One cluster's share of a write, in batches; after a cluster failure the rest is reported, not sent."""
     failed: dict[int, RouterError] = {}
@@ -288,7 +301,7 @@ def _cluster_program(
         mine = frozenset(pos for pos, i in enumerate(chunk) if i in given) if given else frozenset()
         result = yield from insert_program(
             cluster, "feed", docs[start : start + size], policy=settings.policy, deadline=deadline,
-            duplicates="check", given=mine,
+            duplicates="check", given=mine, layout=layout,
         )
         failed.update((chunk[pos], error) for pos, error in result.failed.items())
         renamed.update((chunk[pos], oid) for pos, oid in result.renamed.items())
@@ -321,7 +334,7 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
         return ids
     names = list(prepared.batches)
     programs = [
-        _cluster_program(name, idx, docs, prepared.given, settings, deadline)
+        _cluster_program(name, idx, docs, prepared.given, settings, deadline, LAYOUTS[routing.timemap.layout_of(name)])
         for name, (idx, docs) in prepared.batches.items()
     ]
     outcomes = yield Concurrently(programs, names)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bson.errors import BSONError
+from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..core.policy import code_kind
@@ -23,6 +24,7 @@ from ..core.steps import (
     InsertOutcome,
     Update,
     UpdateOutcome,
+    Upserts,
     WriteError,
 )
 from ..errors import ClusterUnavailable
@@ -31,9 +33,9 @@ from .errors import classify
 
 __all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
 
-IORequest = Find | Count | Insert | Delete | Update
+IORequest = Find | Count | Insert | Upserts | Delete | Update
 #: The request types a driver sends to a cluster (for ``isinstance``).
-IO_REQUESTS = (Find, Count, Insert, Delete, Update)
+IO_REQUESTS = (Find, Count, Insert, Upserts, Delete, Update)
 #: A request ready to send: the zero-argument call (returning a value, or an awaitable of it
 #: for the async client) and what turns its result into the core's answer.
 Call = tuple[Callable[[], Any], Callable[[Any], Any]]
@@ -52,11 +54,14 @@ def call_for(request: IORequest, coll: Any) -> Call:
     if isinstance(request, Insert):
         documents = list(request.documents)
         return (lambda: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())
+    if isinstance(request, Upserts):
+        ops = [UpdateOne(f, u, upsert=True) for f, u in request.ops]
+        return (lambda: coll.bulk_write(ops, ordered=False)), (lambda _raw: InsertOutcome())
     if isinstance(request, Delete):
         return (lambda: coll.delete_many(request.filter)), (lambda raw: int(raw.deleted_count))
     update = coll.update_one if request.one else coll.update_many
     return (
-        (lambda: update(request.filter, request.update, upsert=request.upsert)),
+        (lambda: update(request.filter, request.update, upsert=request.upsert, array_filters=request.array_filters)),
         (lambda raw: UpdateOutcome(int(raw.matched_count), int(raw.modified_count))),
     )
 
@@ -68,7 +73,8 @@ _WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": 
 
 def describe(request: IORequest) -> str:
     """What *request* was doing, for error messages: ``reading metadata``, ``writing feed`` ..."""
-    verb = {Find: "reading", Count: "counting", Insert: "writing", Delete: "deleting from", Update: "updating"}[type(request)]
+    verb = {Find: "reading", Count: "counting", Insert: "writing", Upserts: "writing", Delete: "deleting from",
+            Update: "updating"}[type(request)]
     return f"{verb} {_WHAT.get(request.collection, request.collection)}"
 
 
@@ -146,7 +152,7 @@ def unknown(request: IORequest) -> Any:
 
 
 def _as_answer(request: IORequest, failure: Failure) -> Any:
-    return InsertOutcome(failure=failure) if isinstance(request, Insert) else failure
+    return InsertOutcome(failure=failure) if isinstance(request, (Insert, Upserts)) else failure
 
 
 def insert_outcome(exc: BulkWriteError) -> InsertOutcome:

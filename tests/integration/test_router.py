@@ -25,6 +25,7 @@ from router import (
     data_key,
 )
 from router.core.policy import RetryPolicy, deadline_in
+from router.core.layouts import LAYOUTS, entry_of
 from router.core.writes import insert_program
 from router.cursor import CursorState, Position, encode_state
 
@@ -335,9 +336,11 @@ def test_id_collision_gets_a_fresh_id(sync_router: FeedRouter, raw_clients: Clie
     router = sync_router
     oid = router.write(item(1, P2 + timedelta(days=1), 1))
     newcomer = item(2, P2 + timedelta(days=1), 2)
-    doc = newcomer.to_document(oid)  # the same _id as the stored, different item
+    n = newcomer
+    doc = entry_of(oid, n.receiver_id, n.sender_id, n.event_time, n.type, n.data, n.data_key)  # the same _id, another item
     result = router.clusters.run(
-        insert_program("cluster_3", "feed", [doc], policy=RetryPolicy(), deadline=deadline_in(10), duplicates="check")
+        insert_program("cluster_3", "feed", [doc], policy=RetryPolicy(), deadline=deadline_in(10), duplicates="check",
+                       layout=LAYOUTS["copies"])
     )
     assert result.failed == {} and doc["_id"] != oid and result.renamed == {0: doc["_id"]} and result.written == 1
     assert doc["_id"].generation_time == oid.generation_time  # same event second

@@ -42,15 +42,6 @@ def test_non_string_is_invalid_cursor() -> None:
         decode_cursor(12)  # type: ignore[arg-type]
 
 
-def test_older_filter_breaks_ties_on_id() -> None:
-    """Items in the same millisecond are ordered by _id."""
-    t = datetime(2020, 1, 1, tzinfo=UTC)
-    oid = ObjectId()
-    assert Position(t, oid).older_filter() == {
-        "$or": [{"event_time": {"$lt": t}}, {"event_time": t, "_id": {"$lt": oid}}]
-    }
-
-
 positions = st.builds(
     Position,
     st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2106, 1, 1), timezones=st.just(UTC)).map(

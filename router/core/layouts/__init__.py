@@ -1,0 +1,26 @@
+"""Storage layouts: how a period stores its receivers' copies (see :mod:`.base` for the contract).
+
+:data:`LAYOUTS` is the table the core picks from, by the name a period's metadata records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ...errors import InvalidItem
+from .base import DEFAULT, EditSettings, Entry, IndexSpec, Inbox, Layout, entry_of
+from .buckets import Buckets
+from .copies import Copies
+
+__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "entry_of", "layout_named"]
+
+#: Every layout, by the name recorded in a period's metadata.
+LAYOUTS: Mapping[str, Layout] = {Copies.name: Copies(), Buckets.name: Buckets()}
+
+
+def layout_named(name: object, *, field: str = "layout") -> Layout:
+    """The layout called *name*; :class:`~router.errors.InvalidItem` naming *field* and the known layouts otherwise."""
+    layout = LAYOUTS.get(name) if isinstance(name, str) else None
+    if layout is None:
+        raise InvalidItem(field, f"must be one of {', '.join(sorted(LAYOUTS))} (got {name!r:.80})")
+    return layout

@@ -1,0 +1,45 @@
+"""The layout table, and the copies layout's own clauses."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from bson import ObjectId
+
+from router.core.layouts import DEFAULT, LAYOUTS, layout_named
+from router.core.layouts.copies import newer_than, older_than
+from router.cursor import Position
+from router.errors import InvalidItem
+from router.model import ClusterMeta
+from router.timemap import TimeMap
+
+UTC = timezone.utc
+
+
+def test_older_than_breaks_ties_on_id() -> None:
+    """Items in the same millisecond are ordered by _id."""
+    t = datetime(2020, 1, 1, tzinfo=UTC)
+    oid = ObjectId()
+    assert older_than(Position(t, oid)) == {"$or": [{"event_time": {"$lt": t}}, {"event_time": t, "_id": {"$lt": oid}}]}
+    assert newer_than(Position(t, oid), "key") == {"$or": [{"event_time": {"$gt": t}}, {"event_time": t, "key": {"$gt": oid}}]}
+    assert older_than(None) == {} == newer_than(None)
+
+
+def test_unknown_layout_is_refused_by_name() -> None:
+    """A layout name outside the table is refused, naming the known ones."""
+    with pytest.raises(InvalidItem, match=r"layout: must be one of .*copies.*\(got 'heap'\)"):
+        layout_named("heap")
+    assert layout_named(DEFAULT) is LAYOUTS["copies"]
+
+
+def test_metadata_records_a_layout_only_when_not_the_default() -> None:
+    """Existing clusters (no layout field) read as copies; another layout round-trips through the document."""
+    start = datetime(2020, 1, 1, tzinfo=UTC)
+    plain = ClusterMeta(name="c1", start_date=start)
+    assert "layout" not in plain.to_document() and ClusterMeta.from_document(plain.to_document()).layout == "copies"
+    other = ClusterMeta(name="c2", start_date=datetime(2021, 1, 1, tzinfo=UTC), layout="buckets")
+    assert ClusterMeta.from_document(other.to_document()).layout == "buckets"
+    timemap = TimeMap([plain.__class__(name="c1", start_date=start, end_date=other.start_date), other])
+    assert timemap.layout_of("c1") == "copies" and timemap.layout_of("c2") == "buckets"
+    assert timemap.layout_of("not-there") == "copies"
