@@ -161,13 +161,15 @@ class RolloverConfig:
     or weeks (``"30d"``, ``"2w"``) counted from ``anchor``; boundaries are UTC midnights.
     ``lead_time`` is how long before a boundary the next period is opened; ``standby``
     lists configured clusters kept migrated and empty, with no metadata yet, in the
-    order they will be used.
+    order they will be used. ``layout`` is how each new period stores its copies
+    (``copies`` or ``buckets``; see :mod:`router.core.layouts`).
     """
 
     period: str = "monthly"
     lead_time: timedelta = timedelta(days=7)
     standby: tuple[str, ...] = ()
     anchor: datetime = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    layout: str = "copies"
 
 
 @attrs.frozen(kw_only=True)
@@ -324,7 +326,7 @@ def _duration(r: YamlReader, node: yaml.Node, path: str) -> timedelta | None:
 
 
 def _rollover(r: YamlReader, node: yaml.Node, names: set[str], check_names: bool) -> RolloverConfig | None:
-    spec = r.mapping(node, "rollover", {"period", "lead_time", "standby", "anchor"})
+    spec = r.mapping(node, "rollover", {"period", "lead_time", "standby", "anchor", "layout"})
     if spec is None:
         return None
     kwargs: dict[str, Any] = {}
@@ -366,6 +368,14 @@ def _rollover(r: YamlReader, node: yaml.Node, names: set[str], check_names: bool
                 else:
                     standby.append(name)
             kwargs["standby"] = tuple(standby)
+    if "layout" in spec:
+        from .core.layouts import LAYOUTS  # (the table of layouts; config is read before the core is used)
+
+        layout = r.string(spec["layout"], "rollover.layout")
+        if layout is not None and layout not in LAYOUTS:
+            r.problem(spec["layout"], "rollover.layout", f"must be one of {', '.join(sorted(LAYOUTS))} (got {layout!r})")
+        elif layout is not None:
+            kwargs["layout"] = layout
     return RolloverConfig(**kwargs)
 
 

@@ -184,7 +184,8 @@ def plan_rollover(
         )
     try:
         change = plan_period(
-            clusters, name=standby, start=boundary, close_previous=not finishing, creator="rollover", now=now
+            clusters, name=standby, start=boundary, close_previous=not finishing, creator="rollover", now=now,
+            layout=settings.layout,
         )
     except PeriodChangeRefused as exc:
         raise RolloverError(f"rollover at {boundary.isoformat()} refused: " + "; ".join(exc.problems)) from exc

@@ -15,7 +15,9 @@ from ..errors import ClusterUnavailable, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
+from ..core.layouts import DEFAULT
 from .migrate import applied_migrations, discover
+from .periods import layout_problem
 
 __all__ = ["check_report", "status_rows"]
 
@@ -37,10 +39,16 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
             missing = [m.id for m in migrations if m.id not in done]
             if missing:
                 problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
+        for meta in metas:
+            if meta.name in reachable and meta.layout != DEFAULT:
+                problem = layout_problem(clusters, meta.name, meta.layout)
+                if problem is not None:
+                    problems.append(problem)
     timemap = TimeMap(metas) if not meta_problems else None
     report: dict[str, Any] = {"ok": not problems, "problems": problems}
     if timemap is not None:
-        report["clusters"] = [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date} for m in timemap.periods]
+        report["clusters"] = [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date, "layout": m.layout}
+                              for m in timemap.periods]
         report["gaps"] = [[a, b] for a, b in timemap.gaps]
     return report, timemap
 

@@ -186,7 +186,7 @@ def _cmd_add_cluster(args: argparse.Namespace, config: RouterConfig) -> int:
         notice = None if args.force else config.refresh_interval
         change = plan_period(
             clusters, name=args.name, start=args.start, end=args.end, creator=args.creator,
-            close_previous=args.close_previous, min_notice=notice,
+            close_previous=args.close_previous, min_notice=notice, layout=args.layout,
         )
         plan = change.describe()
         done = apply_period(clusters, change, migrations=migrations, dry_run=args.dry_run)

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--start", type=_when, required=True, help="first instant of the period, e.g. 2026-12-01")
     add.add_argument("--end", type=_when, default=None, help="end of the period, exclusive (default: open-ended)")
     add.add_argument("--creator", default="", help="recorded as creator_name in the metadata")
+    add.add_argument("--layout", choices=("copies", "buckets"), default="copies",
+                     help="how the period stores copies: one document each (copies, the default) or up to 50 of a "
+                     "receiver per document (buckets; refused on a server that cannot append atomically, e.g. FerretDB)")
     add.add_argument("--close-previous", action="store_true",
                      help="end the current open-ended period at --start (refused if it holds later documents)")
     add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")

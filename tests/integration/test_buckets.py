@@ -25,13 +25,15 @@ from pymongo import MongoClient
 from router import Activity, ClusterConfig, FeedItem, FeedRouter, RouterConfig, data_key
 from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
+from router.admin.status import check_report
 from router.core.layouts.buckets import MAX_ITEMS
 from router.errors import PeriodChangeRefused
-from router.storage.clusters import Clusters
+from router.model import ClusterMeta
+from router.storage.clusters import Cluster, Clusters
 from router.testing.javaserver import LocalJavaServer
 
 from .buckets_child import BASE, activity
-from .conftest import NAMES, P0, P1, P2, PERIODS
+from .conftest import NAMES, P0, P1, P2, PERIODS, register
 
 CHILD = Path(__file__).with_name("buckets_child.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +109,22 @@ def test_ferretdb_is_refused_buckets(make_config: Callable[..., RouterConfig]) -
         plan_period(clusters, name="cluster_3", start=P2, layout="buckets")
     with Clusters(config) as clusters, pytest.raises(PeriodChangeRefused, match="layout 'heap' is not one of"):
         plan_period(clusters, name="cluster_3", start=P2, layout="heap")
+
+
+def test_check_names_a_buckets_period_on_ferretdb(make_config: Callable[..., RouterConfig]) -> None:
+    """A buckets period written onto FerretDB behind the router's back is a problem `feedrouter check` names."""
+    config = make_config()
+    register(config)
+    cluster = Cluster(config.clusters[2], config)
+    try:
+        cluster.write_meta(ClusterMeta(name="cluster_3", start_date=P2, creator_name="tests", layout="buckets"))
+    finally:
+        cluster.close()
+    report, timemap = check_report(config)
+    assert not report["ok"] and timemap is not None and timemap.layout_of("cluster_3") == "buckets"
+    assert [p for p in report["problems"] if "layout" in p] == [
+        p for p in report["problems"] if p.startswith("cluster 'cluster_3' cannot use layout 'buckets'")]
+    assert len([p for p in report["problems"] if "layout" in p]) == 1
 
 
 def test_every_operation_across_a_layout_boundary(config: RouterConfig, open_router: Callable[..., Any],

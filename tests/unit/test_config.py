@@ -162,6 +162,10 @@ def test_rollover_section() -> None:
     assert (ro.period, ro.lead_time, ro.standby) == ("quarterly", timedelta(days=10), ("cluster_2",))
     assert ro.anchor.isoformat() == "2024-01-01T00:00:00+00:00"
     assert parse_config(GOOD + "rollover: {period: 2w}\n", env={"PW": "x"}).rollover.period == "2w"  # type: ignore[union-attr]
+    assert ro.layout == "copies"
+    assert parse_config(GOOD + "rollover: {layout: buckets}\n", env={"PW": "x"}).rollover.layout == "buckets"  # type: ignore[union-attr]
+    assert problems(GOOD + "rollover: {layout: heap}\n", env={"PW": "x"}) == [
+        "clusters.yaml:10:20: rollover.layout: must be one of buckets, copies (got 'heap')"]
 
 
 def test_rollover_problems() -> None:
