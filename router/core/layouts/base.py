@@ -33,7 +33,7 @@ from ...model import FeedItem
 from ..policy import RetryPolicy
 from ..steps import Failure, Find, Program, Request
 
-__all__ = ["DEFAULT", "ENTRY_FIELDS", "EditSettings", "Entry", "Inbox", "IndexSpec", "Layout", "entry_of"]
+__all__ = ["DEFAULT", "ENTRY_FIELDS", "EditSettings", "Entry", "Inbox", "IndexSpec", "Layout", "entry_of", "outside_clause"]
 
 #: The layout of a period whose metadata names none.
 DEFAULT = "copies"
@@ -48,6 +48,12 @@ def entry_of(oid: ObjectId, receiver: int | str, sender: int | str, event_time: 
     """The entry of one copy (the write path builds millions: keep it a plain dict literal)."""
     return {"_id": oid, "data_key": data_key, "receiver_id": receiver, "sender_id": sender, "event_time": event_time,
             "type": kind, "data": data}
+
+
+def outside_clause(start: datetime | None, end: datetime | None, *, earliest: str, latest: str) -> dict[str, Any]:
+    """Documents whose *earliest* field is before *start* or whose *latest* field is at or after *end*."""
+    clauses = ([{earliest: {"$lt": start}}] if start is not None else []) + ([{latest: {"$gte": end}}] if end is not None else [])
+    return {} if not clauses else clauses[0] if len(clauses) == 1 else {"$or": clauses}
 
 
 @attrs.frozen

@@ -42,7 +42,7 @@ from ...cursor import Position
 from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Failure, Find, Program, Request, Update, Upserts
-from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout
+from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
 from .copies import chunks, in_steps
 
 __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD"]
@@ -222,10 +222,4 @@ class Buckets(Layout):
         ]
 
     def outside(self, start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
-        clauses: list[dict[str, Any]] = []
-        if start is not None:
-            clauses.append({"oldest": {"$lt": start}})
-        if end is not None:
-            clauses.append({"newest": {"$gte": end}})
-        query: dict[str, Any] = {} if not clauses else clauses[0] if len(clauses) == 1 else {"$or": clauses}
-        return query, "newest"
+        return outside_clause(start, end, earliest="oldest", latest="newest"), "newest"

@@ -29,7 +29,7 @@ from ...cursor import Position
 from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Collection, Count, Delete, Failure, Find, Insert, Program, Request, Update, UpdateOutcome
-from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout
+from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
 
 __all__ = ["Copies", "IDS_PER_STATEMENT", "PAGE_SORT", "chunks", "older_than", "in_steps"]
 
@@ -195,10 +195,4 @@ class Copies(Layout):
         ]
 
     def outside(self, start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
-        clauses: list[dict[str, Any]] = []
-        if start is not None:
-            clauses.append({"event_time": {"$lt": start}})
-        if end is not None:
-            clauses.append({"event_time": {"$gte": end}})
-        query: dict[str, Any] = {} if not clauses else clauses[0] if len(clauses) == 1 else {"$or": clauses}
-        return query, "event_time"
+        return outside_clause(start, end, earliest="event_time", latest="event_time"), "event_time"
