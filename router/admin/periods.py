@@ -225,8 +225,9 @@ def apply_period(
         if not dry_run:
             keys = list(index.keys)
             target.call("creating indexes", lambda: target.feed.create_index(keys, name=index.name, unique=index.unique))
-    lines.append(f"{verb}write metadata of cluster {change.new.name!r}: {format_period(change.new.start_date, change.new.end_date)}"
-                 f", layout {change.new.layout}")
+    layout = f", layout {change.new.layout}" if change.new.layout != DEFAULT else ""
+    lines.append(f"{verb}write metadata of cluster {change.new.name!r}: "
+                 f"{format_period(change.new.start_date, change.new.end_date)}{layout}")
     if not dry_run:
         target.write_meta(change.new)
         log.info("cluster %s now owns %s", change.new.name, format_period(change.new.start_date, change.new.end_date))
