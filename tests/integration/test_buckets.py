@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,9 +21,8 @@ import attrs
 import pytest
 from pymongo import MongoClient
 
-from router import Activity, ClusterConfig, FeedItem, FeedRouter, RouterConfig, data_key
-from router.admin.migrate import discover
-from router.admin.periods import apply_period, plan_period
+from router import Activity, FeedItem, RouterConfig, data_key
+from router.admin.periods import plan_period
 from router.admin.status import check_report
 from router.core.layouts.buckets import MAX_ITEMS
 from router.errors import PeriodChangeRefused
@@ -33,11 +31,11 @@ from router.storage.clusters import Cluster, Clusters
 from router.testing.javaserver import LocalJavaServer
 
 from .buckets_child import BASE, activity
-from .conftest import NAMES, P0, P1, P2, PERIODS, register
+from .conftest import P0, P1, P2, register
+from .layouts import buckets_config, feed
 
 CHILD = Path(__file__).with_name("buckets_child.py")
 REPO = Path(__file__).resolve().parents[2]
-LAYOUTS = ("copies", "buckets", "buckets")
 NOW = datetime(2024, 9, 1, tzinfo=P0.tzinfo)
 
 
@@ -49,18 +47,7 @@ def javaserver() -> Iterator[LocalJavaServer]:
 
 @pytest.fixture
 def config(javaserver: LocalJavaServer) -> RouterConfig:
-    """Three periods, a database each on the one java server, given their layouts by the operator path."""
-    prefix = f"t_{uuid.uuid4().hex[:10]}"
-    config = RouterConfig(
-        database=prefix,
-        clusters=tuple(ClusterConfig(name=n, uri=javaserver.uri, options={}, database=f"{prefix}_{i}")
-                       for i, n in enumerate(NAMES)),
-    )
-    with Clusters(config) as clusters:
-        for name, (start, end), layout in zip(NAMES, PERIODS, LAYOUTS):
-            change = plan_period(clusters, name=name, start=start, end=end, creator="tests", now=start, layout=layout)
-            apply_period(clusters, change, migrations=discover())
-    return config
+    return buckets_config(javaserver.uri)
 
 
 @pytest.fixture
@@ -68,10 +55,6 @@ def raw(javaserver: LocalJavaServer) -> Iterator[MongoClient[dict[str, Any]]]:
     client: MongoClient[dict[str, Any]] = MongoClient(javaserver.uri, tz_aware=True)
     yield client
     client.close()
-
-
-def feed(raw: MongoClient[dict[str, Any]], config: RouterConfig, i: int) -> Any:
-    return raw[config.database_for(config.clusters[i])].feed
 
 
 def stored_copies(raw: MongoClient[dict[str, Any]], config: RouterConfig, i: int, query: dict[str, Any] | None = None) -> int:
