@@ -31,7 +31,7 @@ from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.seen import Unseen
 from .core.settings import Settings
-from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
+from .core.social import BackfillResult, PublishResult
 from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
@@ -355,17 +355,15 @@ class AsyncFeedRouter:
         background: bool, batch_size: int | None, concurrency: int | None, job_id: str | None,
     ) -> PublishResult:
         slots = calls.concurrency(concurrency)
-        job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
         threshold = self.settings.pull_threshold
         if pull is None and threshold is not None and isinstance(followers, AsyncIterable):
             followers = iter(await _first(followers, threshold + 1))  # counted as the sync door counts a stream
-        path, receivers, counted = choose_path(followers, pull=pull, threshold=threshold)  # type: ignore[arg-type]
-        fresh = await self._run("store_outbox", lambda v: store_outbox(job, policy=v.settings.write.policy,
-                                                                          timeout=v.settings.timeout))
-        if path == "pull":
-            return PublishResult.of(job, "pull", outbox_new=fresh, followers=counted)
-        pushed = await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
-        return PublishResult.of(job, "push", outbox_new=fresh, followers=counted, pushed=pushed)
+        publishing = await self._run("publish", lambda v: calls.publish(v, activity, followers, pull=pull,  # type: ignore[arg-type]
+                                                                        batch_size=batch_size, job_id=job_id))
+        if publishing.path == "pull":
+            return publishing.result()
+        return publishing.result(await self._fan_out_job(publishing.job, publishing.receivers, active=active,
+                                                         concurrency=slots, background=background))
 
     # -- fan-out -------------------------------------------------------------------------
 

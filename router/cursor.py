@@ -22,13 +22,13 @@ import base64
 import binascii
 import struct
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import datetime
 
 import attrs
 from bson import ObjectId
 
 from .errors import InvalidCursor
+from .model import from_millis, to_millis
 
 __all__ = [
     "Position", "CursorState", "encode_cursor", "decode_cursor", "encode_state", "decode_state", "check_state",
@@ -36,7 +36,6 @@ __all__ = [
 
 _PREFIX = "c1."
 _LAYOUT = struct.Struct(">q12s")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @attrs.frozen
@@ -53,14 +52,9 @@ class Position:
     skip: int = 0
 
 
-def _to_ms(t: datetime) -> int:
-    delta = t - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-
-
 def encode_cursor(position: Position) -> str:
     """The opaque cursor string for *position*."""
-    raw = _LAYOUT.pack(_to_ms(position.event_time), position.id.binary)
+    raw = _LAYOUT.pack(to_millis(position.event_time), position.id.binary)
     return _PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
@@ -72,7 +66,7 @@ def decode_cursor(cursor: str) -> Position:
     try:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         ms, oid = _LAYOUT.unpack(raw)
-        event_time = _EPOCH + timedelta(milliseconds=ms)
+        event_time = from_millis(ms)
     except (binascii.Error, struct.error, ValueError, OverflowError) as exc:
         raise InvalidCursor(f"cursor: malformed ({exc}) (got {cursor!r:.60})") from None
     return Position(event_time, ObjectId(oid))
@@ -97,7 +91,7 @@ _SKIP = struct.Struct(">I")
 def _pack_position(position: Position | None) -> bytes:
     if position is None:
         return b"\x00"
-    packed = _POS.pack(_to_ms(position.event_time), position.id.binary)
+    packed = _POS.pack(to_millis(position.event_time), position.id.binary)
     if position.skip:
         return b"\x02" + packed + _SKIP.pack(min(position.skip, 2**32 - 1))
     return b"\x01" + packed
@@ -141,7 +135,7 @@ def decode_state(cursor: str) -> CursorState:
                 raise ValueError("bad position flag")
             ms, oid = _POS.unpack(take(_POS.size))
             skip = _SKIP.unpack(take(_SKIP.size))[0] if flag == b"\x02" else 0
-            return Position(_EPOCH + timedelta(milliseconds=ms), ObjectId(oid), skip)
+            return Position(from_millis(ms), ObjectId(oid), skip)
 
         done = take(1) == b"\x01"
         main = position()

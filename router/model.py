@@ -11,7 +11,7 @@ Times are timezone-aware UTC everywhere. BSON keeps milliseconds, so an
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeGuard
 
 import attrs
@@ -27,9 +27,12 @@ __all__ = [
     "MAX_ID_CHARS",
     "Page",
     "TEXT_RULE",
+    "EPOCH",
     "event_timestamp",
+    "from_millis",
     "is_id",
     "is_text",
+    "to_millis",
     "to_utc",
     "utcnow",
 ]
@@ -114,6 +117,21 @@ class Activity:
             data=item.data,
             data_key=item.data_key,
         )
+
+
+#: The epoch, aware UTC.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def to_millis(t: datetime) -> int:
+    """UTC epoch milliseconds of the aware datetime *t*, rounded down: what BSON stores of it."""
+    return (t - EPOCH) // _MS
+
+
+def from_millis(ms: int) -> datetime:
+    """The aware UTC datetime of epoch milliseconds *ms* (the mirror of :func:`to_millis`)."""
+    return EPOCH + timedelta(milliseconds=ms)
 
 
 def utcnow() -> datetime:

@@ -29,7 +29,7 @@ from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.seen import Unseen
 from .core.settings import Settings
-from .core.social import BackfillResult, PublishResult, choose_path, store_outbox
+from .core.social import BackfillResult, PublishResult
 from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
@@ -376,13 +376,12 @@ class FeedRouter:
         background: bool, batch_size: int | None, concurrency: int | None, job_id: str | None,
     ) -> PublishResult:
         slots = calls.concurrency(concurrency)
-        job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
-        path, receivers, counted = choose_path(followers, pull=pull, threshold=self.settings.pull_threshold)
-        fresh = self._run("store_outbox", store_outbox(job, policy=self.settings.write.policy, timeout=self.settings.timeout))
-        if path == "pull":
-            return PublishResult.of(job, "pull", outbox_new=fresh, followers=counted)
-        pushed = self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
-        return PublishResult.of(job, "push", outbox_new=fresh, followers=counted, pushed=pushed)
+        publishing = self._run("publish", calls.publish(self._view(), activity, followers, pull=pull,
+                                                        batch_size=batch_size, job_id=job_id))
+        if publishing.path == "pull":
+            return publishing.result()
+        return publishing.result(self._fan_out_job(publishing.job, publishing.receivers, active=active,
+                                                   concurrency=slots, background=background))
 
     # -- fan-out -------------------------------------------------------------------------
 

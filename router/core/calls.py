@@ -22,17 +22,17 @@ from ..config import RouterConfig
 from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
 from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
-from .checkpoint import JobStatus, job_status, read_batches
+from .checkpoint import JobStatus, fenced_status, job_status, read_batches
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
-from .fence import NEVER, fenced_status, read_fences
+from .fence import NEVER, read_fences
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
 from .routing import Routing, routed
 from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_program, unseen_program
 from .settings import MAX_PAGE, MAX_TYPES, Settings
-from .social import MAX_BACKFILL, BackfillResult, backfill_program
+from .social import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
 from .steps import Concurrently, Failure, Find, Program
 from .writes import write_program
 
@@ -210,9 +210,20 @@ def active_filter(active: object) -> Callable[[Any], bool] | None:
 
 def plan_fan_out(view: View, activity: Activity, *, batch_size: object = None, job_id: str | None = None) -> Program[FanOutJob]:
     """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon); nothing is written.
-    (A deleted post is refused when a run starts: :func:`~router.core.fence.start_job`.)"""
+    (A deleted post is refused when a run starts: :func:`~router.core.checkpoint.start_job`.)"""
     size = view.config.batch_size if batch_size is None else batch_size
     return plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
+
+
+def publish(
+    view: View, activity: Activity, followers: Iterable[Any], *, pull: bool | None, batch_size: object = None,
+    job_id: str | None = None,
+) -> Program[Publishing]:
+    """``publish`` up to the push (see :func:`~router.core.social.publish_program`); the door pushes."""
+    size = view.config.batch_size if batch_size is None else batch_size
+    return publish_program(activity, followers, view.routing, pull=pull, threshold=view.settings.pull_threshold,
+                           batch_size=size, job_id=job_id, policy=view.settings.write.policy,  # type: ignore[arg-type]
+                           timeout=view.settings.timeout)
 
 
 def concurrency(value: object) -> int:
@@ -222,7 +233,7 @@ def concurrency(value: object) -> int:
 
 def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
     """``fan_out_status``: a job's progress from its checkpoint, looked up in every configured cluster; a job whose
-    post was deleted is ``cancelled`` with reason ``deleted`` (:func:`~router.core.fence.fenced_status`)."""
+    post was deleted is ``cancelled`` with reason ``deleted`` (:func:`~router.core.checkpoint.fenced_status`)."""
     if not isinstance(job_id, str) or not job_id:
         raise InvalidItem("job_id", f"must be a non-empty str (got {job_id!r:.80})")
     deadline = deadline_in(view.settings.timeout)

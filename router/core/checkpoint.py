@@ -26,32 +26,41 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timezone
+from typing import Any, Literal
 
 import attrs
 
 from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterError
-from ..model import to_utc
+from ..model import to_millis
+from .fence import Fence, refuse_deleted
+from .jobs import BatchOutcome, FanOutJob
 from .policy import deadline_in
 from .steps import Failure, Find, Insert, InsertOutcome, Program, Update
 
-if TYPE_CHECKING:
-    from .fanout import BatchOutcome, FanOutJob
 
 __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "admit_batch", "check_batch", "check_checkpoint",
-    "done_batches", "finish_checkpoint", "job_status", "millis", "open_checkpoint", "read_batches", "record_batch",
+    "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
 ]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def millis(t: datetime) -> int:
-    """UTC milliseconds since the epoch, as BSON stores *t*."""
-    return (to_utc(t) - _EPOCH) // timedelta(milliseconds=1)
+def start_job(job: FanOutJob, *, timeout: float) -> Program[tuple[set[int], Fence]]:
+    """Refuse a deleted post, then open the job's checkpoint: the batches done, and the fence to write under."""
+    fence = yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=timeout)
+    done = yield from open_checkpoint(job, timeout=timeout)
+    return done, fence
+
+
+def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
+    """*status* as the fence tells it: a job whose post was deleted is ``cancelled`` with reason ``deleted``
+    (unless every batch was done before the delete)."""
+    if not fence.deleted:
+        return status
+    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled", reason="deleted")
 
 
 #: The most receivers one job can have: a sanity bound on batch numbers while its total is not known yet
@@ -208,7 +217,7 @@ def check_checkpoint(job: FanOutJob, doc: Mapping[str, Any]) -> None:
     if doc.get("data_key") != job.activity.data_key:
         raise FanOutConflict(job.job_id, f"its checkpoint is for data_key {doc.get('data_key')!r:.80}, not {job.activity.data_key!r:.80}")
     stored = doc.get("event_time")
-    if not isinstance(stored, datetime) or millis(stored) != millis(job.activity.event_time):
+    if not isinstance(stored, datetime) or to_millis(stored) != to_millis(job.activity.event_time):
         raise FanOutConflict(job.job_id, f"its checkpoint is for event_time {stored!r}, not {job.activity.event_time.isoformat()}")
     if doc.get("batch_size") != job.batch_size:
         raise FanOutConflict(
@@ -259,7 +268,7 @@ class JobStatus:
     other records: numbers the job cannot have (a task sent by hand before workers
     refused such numbers) or past this run's total (an earlier run read more receivers).
 
-    ``reason`` is ``deleted`` once the post was deleted (:func:`router.core.fence.fenced_status`).
+    ``reason`` is ``deleted`` once the post was deleted (:func:`fenced_status`).
     """
 
     job_id: str

@@ -24,8 +24,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
 from .fence import mark_deleted, mark_updated

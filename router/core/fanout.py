@@ -28,22 +28,29 @@ the new data, so ``delete`` and ``update`` hold against fan-outs still running.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import timezone
 from typing import Any
 
 import attrs
-import bson
-from bson.raw_bson import RawBSONDocument
 
 from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
-from ..model import Activity, to_utc
+from ..model import Activity, to_millis, to_utc
 from ..observe import Event
-from .checkpoint import admit_batch, check_batch, millis, record_batch
+from .checkpoint import admit_batch, check_batch, record_batch
 from .checks import check_activity, receiver_problem
 from .fence import NEVER, Fence, settle
-from .layouts import DEFAULT, LAYOUTS, entry_of, layout_named
+from .jobs import (
+    DEFAULT_CONCURRENCY,
+    MAX_BATCH_SIZE,
+    MAX_ERRORS,
+    MAX_FAILED_RECEIVERS,
+    BatchOutcome,
+    FanOutJob,
+    positive_int,
+)
+from .layouts import LAYOUTS, entry_of
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
@@ -66,82 +73,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 #: The collection, in the owning cluster's database, that holds one checkpoint per job.
 FANOUTS_COLLECTION = "fanouts"
-#: Batches in flight per job when ``concurrency`` is not given.
-DEFAULT_CONCURRENCY = 4
-#: The most failed receivers a result lists; ``FanOutResult.failed`` is always the full count.
-MAX_FAILED_RECEIVERS = 10_000
-#: The most distinct errors a result keeps (every one is logged).
-MAX_ERRORS = 100
-#: The largest ``batch_size`` accepted (a batch of copies must fit one 48 MB wire message).
-MAX_BATCH_SIZE = 100_000
-
-
-def positive_int(name: str, value: object, *, maximum: int | None = None) -> int:
-    """*value* if it is an int from 1 (to *maximum*), else :class:`InvalidItem` naming *name*."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (maximum is not None and value > maximum):
-        bound = f"from 1 to {maximum}" if maximum is not None else "of at least 1"
-        raise InvalidItem(name, f"must be an int {bound} (got {value!r})")
-    return value
-
-
-@attrs.frozen
-class FanOutJob:
-    """One fan-out, planned: the activity, its owner cluster, the batch size and the job id.
-
-    Plain values only, so it travels as JSON (:meth:`to_json`) to workers on other machines.
-    """
-
-    job_id: str
-    cluster: str
-    activity: Activity
-    batch_size: int
-    #: How the owner cluster's period stores copies (its metadata's ``layout``).
-    layout: str = DEFAULT
-
-    @property
-    def log_extra(self) -> dict[str, str]:
-        """``job_id`` and ``cluster``: the ``extra=`` of every log record about this job."""
-        return {"job_id": self.job_id, "cluster": self.cluster}
-
-    @property
-    def seconds(self) -> int:
-        """The event second every copy's ``_id`` carries."""
-        return int(self.activity.event_time.timestamp())
-
-    def encoded_data(self) -> RawBSONDocument:
-        """The activity's ``data`` encoded once, for every copy of every batch to share."""
-        return RawBSONDocument(bson.encode(self.activity.data))
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-safe description (``data`` must be JSON-safe too, as it is for Celery's JSON serializer)."""
-        a = self.activity
-        return {
-            "job_id": self.job_id, "cluster": self.cluster, "batch_size": self.batch_size, "layout": self.layout,
-            "activity": {"sender_id": a.sender_id, "event_time_ms": millis(a.event_time), "type": a.type,
-                         "data": dict(a.data), "data_key": a.data_key},
-        }
-
-    @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> FanOutJob:
-        """The job :meth:`to_json` described; :class:`InvalidItem` if it is malformed."""
-        try:
-            a = value["activity"]
-            activity = Activity(
-                sender_id=a["sender_id"], event_time=_EPOCH + timedelta(milliseconds=int(a["event_time_ms"])),
-                type=a["type"], data=a["data"], data_key=a["data_key"],
-            )
-            job = cls(job_id=str(value["job_id"]), cluster=str(value["cluster"]), activity=activity,
-                      batch_size=positive_int("batch_size", value["batch_size"], maximum=MAX_BATCH_SIZE),
-                      layout=layout_named(str(value.get("layout", DEFAULT))).name)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidItem("job", f"is not a fan-out job description ({type(exc).__name__}: {exc})") from None
-        check_activity(job.activity)
-        return job
-
 
 def plan_job(
     activity: Activity, routing: Routing, *, batch_size: int, job_id: str | None = None
@@ -155,7 +89,7 @@ def plan_job(
     ts = check_activity(activity)
     size = positive_int("batch_size", batch_size, maximum=MAX_BATCH_SIZE)
     if job_id is None:
-        job_id = f"{activity.data_key}:{millis(activity.event_time)}"
+        job_id = f"{activity.data_key}:{to_millis(activity.event_time)}"
     elif not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
         raise InvalidItem("job_id", f"must be a non-empty str of at most 1024 characters (got {job_id!r:.80})")
     def owner(r: Routing) -> tuple[str, str]:
@@ -191,36 +125,6 @@ def batches(receivers: Iterable[Any], size: int) -> Iterator[tuple[int, int, lis
         yield number, position, chunk
         number += 1
         position += len(chunk)
-
-
-@attrs.frozen
-class BatchOutcome:
-    """What writing one batch did. ``complete``: every valid receiver has its copy and none was invalid.
-
-    ``stopped`` is set when the cluster itself failed: an engine should stop sending batches.
-    ``fence`` is the post's edit fence as the batch last read it (:mod:`router.core.fence`):
-    when it says ``deleted``, the batch's copies are gone and the engine should stop.
-    """
-
-    number: int
-    receivers: int
-    written: int
-    already_present: int
-    skipped: int
-    failed_receivers: tuple[int | str, ...]
-    invalid: int
-    errors: tuple[RouterError, ...]
-    stopped: Failure | None = None
-    fence: Fence | None = None
-
-    @property
-    def failed(self) -> int:
-        """Receivers of this batch left without a confirmed copy (invalid ones included)."""
-        return len(self.failed_receivers) + self.invalid
-
-    @property
-    def complete(self) -> bool:
-        return self.failed == 0
 
 
 def batch_program(

@@ -47,22 +47,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from ..errors import ClusterUnavailable, ItemDeleted
-from .checkpoint import JobStatus, open_checkpoint
 from .policy import RetryPolicy, deadline_in
 from .steps import Collection, Delete, Failure, Find, Program, Request
 from .writes import insert_program
 
-if TYPE_CHECKING:
-    from .fanout import FanOutJob
 
 __all__ = [
-    "DELETED", "EDITS_COLLECTION", "Fence", "FenceMemo", "NEVER", "fenced_status", "mark_deleted", "mark_updated",
-    "Fixer", "read_fences", "refuse_deleted", "settle", "start_job",
+    "DELETED", "EDITS_COLLECTION", "Fence", "FenceMemo", "Fixer", "NEVER", "mark_deleted", "mark_updated", "read_fences",
+    "refuse_deleted", "settle",
 ]
 
 log = logging.getLogger(__name__)
@@ -139,13 +136,6 @@ def refuse_deleted(cluster: str, data_key: str, *, timeout: float) -> Program[Fe
     if fence.deleted:
         raise ItemDeleted(data_key)
     return fence
-
-
-def start_job(job: FanOutJob, *, timeout: float) -> Program[tuple[set[int], Fence]]:
-    """Refuse a deleted post, then open the job's checkpoint: the batches done, and the fence to write under."""
-    fence = yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=timeout)
-    done = yield from open_checkpoint(job, timeout=timeout)
-    return done, fence
 
 
 #: What removes (data None) or re-datas the just-written documents of a key: a layout's ``fix``, or the outbox's.
@@ -233,14 +223,6 @@ def mark_updated(
             yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": seq}}, deadline)
             return None
         # another update took this seq first: read again and take the next one
-
-
-def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
-    """*status* as the fence tells it: a job whose post was deleted is ``cancelled`` with reason ``deleted``
-    (unless every batch was done before the delete)."""
-    if not fence.deleted:
-        return status
-    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled", reason="deleted")
 
 
 class FenceMemo:

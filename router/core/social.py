@@ -34,15 +34,18 @@ from ..errors import InvalidItem, ItemDeleted
 from ..ids import copy_ids, outbox_id
 from ..model import to_utc
 from ..timemap import ReadWindow, TimeMap
-from .fanout import FanOutJob
+from ..model import Activity
+from .fanout import FanOutJob, plan_job
 from .fence import settle
 from .layouts import LAYOUTS, entry_of, outbox
 from .policy import RetryPolicy, deadline_in
+from .routing import Routing
 from .steps import Failure, Program
 from .tally import FanOutResult
 from .writes import insert_program
 
-__all__ = ["BackfillResult", "PublishResult", "choose_path", "backfill_program", "store_outbox"]
+__all__ = ["BackfillResult", "PublishResult", "Publishing", "backfill_program", "choose_path", "publish_program",
+           "store_outbox"]
 
 log = logging.getLogger(__name__)
 #: The most outbox entries one backfill copies.
@@ -111,6 +114,34 @@ class PublishResult:
         handle = pushed if pushed is not None and fan_out is None else None
         return cls(job_id=job.job_id, cluster=job.cluster, path=path, outbox_new=outbox_new, followers=followers,
                    fan_out=fan_out, handle=handle)
+
+
+@attrs.frozen
+class Publishing:
+    """A publish as far as the core takes it: the job, the path, the receivers to push to (a door's engine runs
+    the push), the follower count the decision used, and whether the outbox entry is new."""
+
+    job: FanOutJob
+    path: Literal["push", "pull"]
+    receivers: Iterable[Any]
+    followers: int | None
+    outbox_new: bool
+
+    def result(self, pushed: Any = None) -> PublishResult:
+        """The :class:`PublishResult`, with the push's result (or its handle in background mode)."""
+        return PublishResult.of(self.job, self.path, outbox_new=self.outbox_new, followers=self.followers, pushed=pushed)
+
+
+def publish_program(
+    activity: Activity, followers: Iterable[Any], routing: Routing, *, pull: bool | None, threshold: int | None,
+    batch_size: int, job_id: str | None, policy: RetryPolicy, timeout: float,
+) -> Program[Publishing]:
+    """``publish`` up to the push: plan the job, choose push or pull, store the outbox entry (raising
+    :class:`ItemDeleted` for a deleted post). The door then pushes ``receivers`` when the path is ``push``."""
+    job = yield from plan_job(activity, routing, batch_size=batch_size, job_id=job_id)
+    path, receivers, counted = choose_path(followers, pull=pull, threshold=threshold)
+    fresh = yield from store_outbox(job, policy=policy, timeout=timeout)
+    return Publishing(job=job, path=path, receivers=receivers, followers=counted, outbox_new=fresh)
 
 
 @attrs.frozen

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import attrs
 
 from ..errors import FanOutFailed, ItemDeleted, RouterError
-from .checkpoint import finish_checkpoint
-from .fanout import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob
+from .checkpoint import finish_checkpoint, start_job
+from .fanout import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob, batch_program
 from .fence import NEVER, Fence
+from .policy import RetryPolicy
 from .steps import Program
 
 __all__ = ["FanOutProgress", "FanOutResult", "Tally"]
@@ -162,8 +164,19 @@ class RunState:
     batches finish on several threads.
     """
 
-    def __init__(self, job: FanOutJob, *, lock: AbstractContextManager[Any] | None = None) -> None:
+    def __init__(
+        self, job: FanOutJob, *, lock: AbstractContextManager[Any] | None = None,
+        active: Callable[[Any], bool] | None = None, concurrency: int = 1, policy: RetryPolicy = RetryPolicy(),
+        timeout: float = 10.0,
+    ) -> None:
         self.job = job
+        self.active = active
+        self.concurrency = concurrency
+        self.policy = policy
+        self.timeout = timeout
+        #: Batches read from the receivers so far, and whether every receiver was read.
+        self.total = 0
+        self.read_all = False
         self.tally = Tally()
         self.lock: AbstractContextManager[Any] = lock if lock is not None else nullcontext()
         self.cancelled = False
@@ -183,16 +196,38 @@ class RunState:
     def cancel(self) -> None:
         self.cancelled = self.stopping = True
 
-    def not_started(self, trouble: BaseException) -> None:
-        """Log that the run could not open its checkpoint (the engine re-raises *trouble*)."""
-        log.error("fan-out %r could not start: %s", self.job.job_id, trouble, extra=self.job.log_extra)
-
-    def started(self, done: set[int], *, concurrency: int) -> None:
-        """Log the start of the run, its checkpoint opened with the batches in *done* already written."""
+    def open(self) -> Program[set[int]]:
+        """Start the run: refuse a deleted post, open the checkpoint; return the batches done earlier."""
         job = self.job
+        try:
+            done, self.fence = yield from start_job(job, timeout=self.timeout)
+        except BaseException as exc:
+            log.error("fan-out %r could not start: %s", job.job_id, exc, extra=job.log_extra)
+            raise
         log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
                  job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
-                 concurrency, len(done), extra=job.log_extra)
+                 self.concurrency, len(done), extra=job.log_extra)
+        return done
+
+    def admit(self, number: int, chunk: list[Any], done: set[int]) -> Literal["send", "skip", "stop"]:
+        """What to do with batch *number*, just read: ``send`` it, ``skip`` it (done earlier), or ``stop`` (the run
+        is stopping: it is left for a resume)."""
+        self.total = number + 1
+        if self.stopping:
+            return "stop"
+        if number in done:
+            self.resumed(len(chunk))
+            return "skip"
+        return "send"
+
+    def exhausted(self) -> None:
+        """Every receiver was read (unless the run was stopping meanwhile)."""
+        self.read_all = not self.stopping
+
+    def batch(self, number: int, first: int, chunk: list[Any], data: Any) -> Program[BatchOutcome]:
+        """The program that writes batch *number* under the newest fence this run has seen."""
+        return batch_program(self.job, number, first, chunk, policy=self.policy, timeout=self.timeout,
+                             active=self.active, data=data, known=self.fence)
 
     def stop(self, trouble: BaseException, *, raised: bool) -> None:
         """Stop sending batches, keeping the first trouble of each kind."""
@@ -225,13 +260,14 @@ class RunState:
                       len(outcome.failed_receivers), outcome.stopped.error, extra=self.job.log_extra)
             self.stop(outcome.stopped.error, raised=False)
 
-    def finish(self, *, read_all: bool, opened: bool, total: int, timeout: float) -> Program[FanOutResult]:
-        """End the run: record its status in the checkpoint, then return the result or raise.
+    def finish(self, *, opened: bool) -> Program[FanOutResult]:
+        """End the run (*opened*: its checkpoint was opened): record its status in the checkpoint, then return the
+        result or raise.
 
         Returns only for a run that read every receiver and left none without a copy; raises
         what the receivers (or ``active``) raised, else :class:`FanOutFailed` with the result.
         """
-        job = self.job
+        job, read_all, total, timeout = self.job, self.read_all, self.total, self.timeout
         trouble = self.raised or self.gave_up
         deleted = self.fence.deleted and self.raised is None
         complete = read_all and trouble is None and not deleted

@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Literal
 
 import attrs
@@ -31,7 +31,7 @@ from bson import ObjectId
 
 from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
 from ..ids import make_ids
-from ..model import FeedItem
+from ..model import FeedItem, to_millis
 from ..observe import Event
 from .checks import check_item
 from .layouts import LAYOUTS, Entry, Layout, entry_of
@@ -42,7 +42,6 @@ from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcom
 __all__ = ["InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_or_stale", "write_program"]
 
 log = logging.getLogger(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @attrs.frozen
@@ -236,11 +235,7 @@ def _same_item(stored: dict[str, Any], ours: dict[str, Any]) -> bool:
     if any(stored.get(f) != ours.get(f) for f in _IDENTITY):
         return False
     a, b = stored.get("event_time"), ours.get("event_time")
-    return isinstance(a, datetime) and isinstance(b, datetime) and _millis(a) == _millis(b)
-
-
-def _millis(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(milliseconds=1)
+    return isinstance(a, datetime) and isinstance(b, datetime) and to_millis(a) == to_millis(b)
 
 
 def _sort_duplicates(

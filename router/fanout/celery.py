@@ -81,7 +81,8 @@ from ..core.calls import Active, active_filter
 from ..core.checkpoint import finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
-from ..core.fence import NEVER, FenceMemo, start_job
+from ..core.checkpoint import start_job
+from ..core.fence import NEVER, FenceMemo
 from ..core.settings import Settings
 from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity

@@ -21,8 +21,7 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
-from ..core.fanout import FanOutJob, batch_program, positive_int, receiver_stream
-from ..core.fence import start_job
+from ..core.fanout import FanOutJob, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
@@ -77,25 +76,15 @@ class AsyncFanOutRun(RunState):
         self, clusters: AsyncClusters, job: FanOutJob, *, active: Callable[[Any], bool] | None, concurrency: int,
         policy: RetryPolicy, timeout: float,
     ) -> None:
-        super().__init__(job)
+        super().__init__(job, active=active, concurrency=concurrency, policy=policy, timeout=timeout)
         self.clusters = clusters
-        self.active = active
-        self.concurrency = concurrency
-        self.policy = policy
-        self.timeout = timeout
 
     async def run(self, receivers: Receivers) -> FanOutResult:
         """Write every batch not done yet; return the result, or raise (see ``AsyncFeedRouter.fan_out``)."""
-        job = self.job
         if self.cancelled:
-            return await self.clusters.run(self.finish(read_all=False, opened=False, total=0, timeout=self.timeout))
-        planned = abatches(receivers, job.batch_size)
-        try:
-            done, self.fence = await self.clusters.run(start_job(job, timeout=self.timeout))
-        except BaseException as exc:
-            self.not_started(exc)
-            raise
-        self.started(done, concurrency=self.concurrency)
+            return await self.clusters.run(self.finish(opened=False))
+        planned = abatches(receivers, self.job.batch_size)
+        done = await self.clusters.run(self.open())
         self.clusters.record(Event("fanout_jobs", 1))
         try:
             return await self._run_batches(planned, done)
@@ -107,8 +96,6 @@ class AsyncFanOutRun(RunState):
         data = job.encoded_data()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()
-        read_all = False
-        total = 0
         try:
             while True:
                 await slots.acquire()  # a free slot first, then read the next batch
@@ -119,18 +106,16 @@ class AsyncFanOutRun(RunState):
                     number, first, chunk = await planned.__anext__()
                 except StopAsyncIteration:
                     slots.release()
-                    read_all = not self.stopping
+                    self.exhausted()
                     break
                 except BaseException:
                     slots.release()
                     raise
-                total = number + 1
-                if self.stopping:
+                step = self.admit(number, chunk, done)
+                if step != "send":
                     slots.release()
-                    break
-                if number in done:
-                    self.resumed(len(chunk))
-                    slots.release()
+                    if step == "stop":
+                        break
                     continue
                 task = asyncio.create_task(self._send(slots, number, first, chunk, data))
                 tasks.add(task)
@@ -140,14 +125,11 @@ class AsyncFanOutRun(RunState):
         finally:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-        return await self.clusters.run(self.finish(read_all=read_all, opened=True, total=total, timeout=self.timeout))
+        return await self.clusters.run(self.finish(opened=True))
 
     async def _send(self, slots: asyncio.Semaphore, number: int, first: int, chunk: list[Any], data: Any) -> None:
         try:
-            outcome = await self.clusters.run(batch_program(
-                self.job, number, first, chunk, policy=self.policy, timeout=self.timeout, active=self.active, data=data,
-                known=self.fence,
-            ))
+            outcome = await self.clusters.run(self.batch(number, first, chunk, data))
         except BaseException as exc:  # a bug, or the `active` predicate raised
             self.lost(len(chunk), exc)
             return

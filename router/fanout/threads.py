@@ -23,8 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..core.fanout import FanOutJob, batch_program, batches, positive_int, receiver_stream
-from ..core.fence import start_job
+from ..core.fanout import FanOutJob, batches, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
@@ -44,25 +43,16 @@ class FanOutRun(RunState):
         self, clusters: Clusters, job: FanOutJob, *, active: Callable[[Any], bool] | None, concurrency: int,
         policy: RetryPolicy, timeout: float,
     ) -> None:
-        super().__init__(job, lock=threading.Lock())
+        super().__init__(job, lock=threading.Lock(), active=active, concurrency=concurrency, policy=policy,
+                         timeout=timeout)
         self.clusters = clusters
-        self.active = active
-        self.concurrency = concurrency
-        self.policy = policy
-        self.timeout = timeout
 
     def run(self, receivers: Iterable[Any]) -> FanOutResult:
         """Write every batch not done yet; return the result, or raise (see :meth:`router.FeedRouter.fan_out`)."""
-        job = self.job
         if self.cancelled:  # cancelled while queued: nothing read, nothing touched
-            return self.clusters.run(self.finish(read_all=False, opened=False, total=0, timeout=self.timeout))
+            return self.clusters.run(self.finish(opened=False))
         stream = receiver_stream(receivers)
-        try:
-            done, self.fence = self.clusters.run(start_job(job, timeout=self.timeout))
-        except BaseException as exc:
-            self.not_started(exc)
-            raise
-        self.started(done, concurrency=self.concurrency)
+        done = self.clusters.run(self.open())
         self.clusters.record(Event("fanout_jobs", 1))
         try:
             return self._run_batches(stream, done)
@@ -74,8 +64,6 @@ class FanOutRun(RunState):
         data = job.encoded_data()
         slots = threading.BoundedSemaphore(self.concurrency)
         pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="feed-router-fanout-batch")
-        read_all = False
-        total = 0
         planned = batches(stream, job.batch_size)
         try:
             while True:
@@ -87,32 +75,27 @@ class FanOutRun(RunState):
                     number, first, chunk = next(planned)
                 except StopIteration:
                     slots.release()
-                    read_all = not self.stopping
+                    self.exhausted()
                     break
                 except BaseException:
                     slots.release()
                     raise
-                total = number + 1
-                if self.stopping:  # stopped while the batch was read: leave it for a resume
+                step = self.admit(number, chunk, done)
+                if step != "send":
                     slots.release()
-                    break
-                if number in done:
-                    self.resumed(len(chunk))
-                    slots.release()
+                    if step == "stop":
+                        break
                     continue
                 pool.submit(contextvars.copy_context().run, self._send, slots, number, first, chunk, data)  # spans nest
         except BaseException as exc:  # the receiver stream raised, or the caller was interrupted
             self.stop(exc, raised=True)
         finally:
             pool.shutdown(wait=True)
-        return self.clusters.run(self.finish(read_all=read_all, opened=True, total=total, timeout=self.timeout))
+        return self.clusters.run(self.finish(opened=True))
 
     def _send(self, slots: threading.BoundedSemaphore, number: int, first: int, chunk: list[Any], data: Any) -> None:
         try:
-            outcome = self.clusters.run(batch_program(
-                self.job, number, first, chunk, policy=self.policy, timeout=self.timeout, active=self.active, data=data,
-                known=self.fence,
-            ))
+            outcome = self.clusters.run(self.batch(number, first, chunk, data))
         except BaseException as exc:  # a bug, or the `active` predicate raised: stop the job, re-raise from run()
             self.lost(len(chunk), exc)
             return

@@ -11,7 +11,8 @@ from router import Activity, ItemDeleted, data_key
 from router.core.checkpoint import job_status
 from router.core.edits import EditSettings, delete_program, update_program
 from router.core.fanout import FanOutJob, batch_program
-from router.core.fence import DELETED, NEVER, Fence, FenceMemo, fence_of, fenced_status, start_job
+from router.core.checkpoint import fenced_status, start_job
+from router.core.fence import DELETED, NEVER, Fence, FenceMemo, fence_of
 from router.core.policy import RetryPolicy
 from router.core.steps import Find, Insert
 from router.core.tally import RunState
@@ -115,11 +116,12 @@ def test_a_run_that_meets_the_tombstone_stops_and_says_so() -> None:
     """A batch outcome with a tombstone stops the run; it ends cancelled for 'deleted' and raises ItemDeleted."""
     store = ScriptedStore()
     run_alone(delete_program(KEY, ["c3"], EditSettings()), store)
-    state = RunState(JOB)
+    state = RunState(JOB, timeout=30.0)
+    assert state.admit(0, [1, 2], set()) == "send"
     outcome, _ = run_alone(batch(0, [1, 2]), store)
     state.add(outcome)
-    assert state.stopping and state.fence.deleted
+    assert state.stopping and state.fence.deleted and state.admit(1, [3], set()) == "stop"
     with pytest.raises(ItemDeleted) as raised:
-        run_alone(state.finish(read_all=False, opened=True, total=1, timeout=30.0), store)
+        run_alone(state.finish(opened=True), store)
     result = raised.value.result
     assert result.cancelled and result.reason == "deleted" and not result.complete and result.written == 0
