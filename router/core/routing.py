@@ -1,7 +1,9 @@
 """The one chooser every write path asks: which cluster owns this time, and may the map be trusted that far.
 
-``write``/``write_many``, fan-out, ``publish``, ``backfill`` and the fan-out workers all
-route through :meth:`Routing.locate`; none repeats the rule.
+``write``/``write_many`` and the planning of every fan-out (``fan_out``, ``publish``, the
+Celery publisher) route through :meth:`Routing.locate`; none repeats the rule. Workers run
+jobs already routed (the job names its cluster and that period's layout), and ``backfill``
+copies each outbox entry into the cluster that holds it (the entry's own period).
 
 **The horizon rule.** A time map loaded at time R is trusted for ``event_time`` before
 ``R + lead_time`` (``rollover.lead_time``): every period boundary is announced at least
