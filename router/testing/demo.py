@@ -1,16 +1,21 @@
-"""The demo: four local clusters, three periods and a rollover, a few thousand feed items read back newest first.
+"""The demo: four local clusters, three periods and a rollover to buckets, a few thousand feed items read back newest first.
 
 Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own four local
-servers (mongod if on PATH, else FerretDB), adds the clusters one at a time the way
-an operator does (clusters.yaml grows, add-cluster gives each its period), writes fanned-out posts (including late events that belong
-to older periods), pages one receiver's feed across the period boundaries,
+servers (three on mongod if on PATH, else FerretDB; the fourth on mongo-java-server),
+adds the clusters one at a time the way an operator does (clusters.yaml grows,
+add-cluster gives each its period), writes fanned-out posts (including late events that
+belong to older periods), pages one receiver's feed across the period boundaries,
 deletes one post from every receiver's feed by ``data_key``, lets the rollover
-scheduler hand the next period to the standby fourth cluster, checks every claim
-with plain pymongo, and stops the servers. On the way, through the asyncio door, it
-publishes a celebrity's post that followers pull at read time and rebuilds a dormant
-user's feed by backfill; and it fans one post out to thousands of followers on a real
-Celery worker (``feedrouter worker``) through a local Redis, which it also starts and
-stops (so it needs ``redis-server``: scripts/bootstrap installs it).
+scheduler hand the next period to the standby fourth cluster in the ``buckets`` layout
+(``rollover.layout: buckets``; mongo-java-server appends to a bucket atomically, as
+FerretDB does not), reads one page that spans the last per-copy period and the first
+buckets period, checks every claim with plain pymongo (the documents that page needed
+in each layout among them), and stops the servers. On the way, through the asyncio
+door, it publishes a celebrity's post that followers pull at read time and rebuilds a
+dormant user's feed by backfill; and it fans one post out to thousands of followers on
+a real Celery worker (``feedrouter worker``) through a local Redis, which it also
+starts and stops (so it needs ``redis-server``, and a JDK and Maven for
+mongo-java-server: scripts/bootstrap installs them).
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from pymongo import MongoClient
+from bson import ObjectId
+from pymongo import MongoClient, monitoring
 
 from ..admin.migrate import Migration, discover, migrate_cluster
 from ..admin.periods import apply_period, plan_period
@@ -35,10 +42,11 @@ from ..config import load_config
 from ..errors import RouterError
 from ..fanout.celery import app_from_config, publish_fan_out
 from ..ids import copy_id, data_key
-from ..model import Activity, FeedItem
+from ..model import Activity, FeedItem, Page
 from ..storage.clusters import Clusters
 from ..sync import FeedRouter
 from .bench_celery import WorkerProcess
+from .javaserver import JAVASERVER_VERSION
 from .localservers import LocalClusters
 from .process import log_tail
 from .redis import LocalRedis
@@ -57,10 +65,16 @@ write:
 clusters:
 {clusters}
 {extra}"""
-ROLLOVER = "rollover: {period: monthly, lead_time: 7d, standby: [cluster_4]}\n"
+ROLLOVER = "rollover: {period: monthly, lead_time: 7d, standby: [cluster_4], layout: buckets}\n"
 CELERY = "celery: {{broker: '{url}'}}\n"
 FOLLOWERS = 8_000
 """How many followers the Celery step fans one post out to."""
+SIDE = 60
+"""How many of alice's items the rollover step writes on each side of the boundary."""
+PAGE = 100
+"""The size of the page read across the boundary: all SIDE items in buckets and the newest of the copies."""
+BUCKET_CAP = 50
+"""The most copies a bucket may hold (``router.core.layouts.buckets.MAX_ITEMS``, checked independently here)."""
 
 
 def _month_start(t: datetime, back: int) -> datetime:
@@ -91,20 +105,25 @@ def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, se
     now = datetime.now(UTC).replace(microsecond=0)
     periods = demo_periods(now)
     names = ["cluster_1", "cluster_2", "cluster_3"]
-    out("== starting four local clusters (cluster_4 is a standby for the rollover) and a Redis broker")
+    out("== starting four local clusters (cluster_4, the standby for the rollover, on mongo-java-server) and a Redis broker")
     with (
         LocalRedis() as broker,  # first: without redis-server the demo stops here, saying how to install it
-        LocalClusters(4, names=[*names, "cluster_4"], backend=backend) as local,
+        LocalClusters(3, names=names, backend=backend) as local,
+        # The period cluster_4 opens is in buckets, which needs a server that appends to one document atomically
+        # (FerretDB v1 does not); its folder sits beside the others, so one folder names every server process.
+        LocalClusters(1, names=["cluster_4"], backend="javaserver", base_dir=local.servers[0].data_dir.parent) as standby,
         tempfile.TemporaryDirectory() as tmp,
     ):
         for server in local.servers:
             out(f"   {server.name}: {server.uri} ({server.backend}, data in {server.data_dir})")
+        for server in standby.servers:
+            out(f"   {server.name}: {server.uri} (mongo-java-server {JAVASERVER_VERSION}, in memory; "
+                "it appends to one document atomically, as buckets need)")
         out(f"   broker: {broker.url} (redis-server, data in {broker.data_dir})")
+        servers = [*local.servers, *standby.servers]
         config_path = Path(tmp) / "clusters.yaml"
-        cluster_lines = [f"  - name: {s.name}\n    uri: {s.uri}" for s in local.servers]
-        raw: dict[str, MongoClient[dict[str, object]]] = {
-            s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers
-        }
+        cluster_lines = [f"  - name: {s.name}\n    uri: {s.uri}" for s in servers]
+        raw: dict[str, MongoClient[dict[str, object]]] = {s.name: MongoClient(s.uri, tz_aware=True) for s in servers}
         try:
             return _run(out, rng, now, periods, names, config_path, cluster_lines, raw, posts, broker)
         except RouterError as exc:
@@ -229,7 +248,7 @@ def _run(
     rolled = _rollover(out, check, now, periods, config_path, cluster_lines, raw, migrations)
     out("== summary")
     out(f"   {len(items)} items in {len(names)} clusters, {pages} pages read for {receiver}, {removed} copies deleted,")
-    out(f"   {fanned:,} copies written by a Celery worker, one rollover to cluster_4 at {rolled.isoformat()}")
+    out(f"   {fanned:,} copies written by a Celery worker, one rollover to cluster_4 (buckets) at {rolled.isoformat()}")
     out("   all checks passed" if not failures else f"   {len(failures)} checks FAILED")
     return 0 if not failures else 1
 
@@ -348,20 +367,104 @@ def _rollover(
     finally:
         scheduler.close()
     check(scheduler.last_error is None, "the scheduler rolled over without error")
-    after = boundary + timedelta(minutes=1)
-    out(f"== writing across the boundary (router clock set to {after.isoformat()})")
-    with FeedRouter(config, clock=lambda: after, refresh=False) as router:
+    after = boundary + timedelta(hours=1)
+    out(f"== writing across the boundary, {SIDE} of alice's items on each side (router clock set to {after.isoformat()})")
+    reads = _Reads({client.address: name for name, client in raw.items()})
+    with FeedRouter(config, clock=lambda: after, refresh=False, event_listeners=[reads]) as router:
         out(router.timemap.describe())
+        layouts = {name: router.timemap.layout_of(name) for name in raw}
+        out(f"   layouts (from the clusters' metadata): {', '.join(f'{n} {layout}' for n, layout in layouts.items())}")
+        check(layouts["cluster_4"] == "buckets" and layouts["cluster_3"] == "copies",
+              "the period the rollover opened is in buckets; the one before stays in copies")
         edge = [boundary - timedelta(seconds=1), boundary, boundary + timedelta(seconds=1)]
+        times = [*edge, *(boundary + k * timedelta(minutes=1) for k in range(1, SIDE - 1)),
+                 *(boundary - k * timedelta(minutes=1) for k in range(1, SIDE))]
         router.write_many(
             FeedItem(receiver_id="alice", sender_id=777, event_time=t, type=1, data={"fabula_id": 3_000_000 + i},
                      data_key=data_key("fabula", 3_000_000 + i))
-            for i, t in enumerate(edge)
+            for i, t in enumerate(times)
         )
-        page = router.read("alice", limit=4)
-        for it, src in zip(page.items, page.sources):
-            out(f"   {it.event_time:%Y-%m-%d %H:%M:%S}  from {it.sender_id}  fabula {it.data['fabula_id']:<8} <- {src}")
-    old = raw["cluster_3"]["feed_demo"]["feed"].count_documents({"sender_id": 777})
-    new = raw["cluster_4"]["feed_demo"]["feed"].count_documents({"sender_id": 777})
-    check(old == 1 and new == 2, "the item before B is in cluster_3, the two at and after B are in cluster_4")
+        reads.on = True
+        page = router.read("alice", limit=PAGE)
+        reads.on = False
+    shown = [k for k in range(1, len(page.items)) if page.sources[k] != page.sources[k - 1]]
+    out(f"   one page of {len(page.items)}, newest first; where it crosses from buckets to copies:")
+    for k in range(max(shown[0] - 2, 0), shown[0] + 2) if shown else ():
+        it, src = page.items[k], page.sources[k]
+        out(f"   {it.event_time:%Y-%m-%d %H:%M:%S}  from {it.sender_id}  fabula {it.data['fabula_id']:<8} <- {src} ({layouts[src]})")
+    old = _feed(raw, "cluster_3").count_documents({"sender_id": 777})
+    new = sum(x["sender_id"] == 777 for d in _feed(raw, "cluster_4").find({"receiver_id": "alice"}) for x in d["items"])
+    check(old == SIDE and new == SIDE, f"the {SIDE} items before B are in cluster_3, the {SIDE} at and after B in cluster_4's buckets")
+    times_read = [it.event_time for it in page.items]
+    check(len(page.items) == PAGE and page.sources[:SIDE] == ("cluster_4",) * SIDE
+          and page.sources[SIDE:] == ("cluster_3",) * (PAGE - SIDE) and times_read == sorted(times_read, reverse=True),
+          f"the page holds the {SIDE} items in buckets, then the {PAGE - SIDE} newest per-copy items, newest first")
+    _page_documents(out, check, raw, page, layouts, reads)
     return boundary
+
+
+def _feed(raw: dict[str, MongoClient[dict[str, object]]], name: str) -> Any:
+    return raw[name]["feed_demo"]["feed"]
+
+
+def _page_documents(
+    out: _Out, check: Callable[[bool, str], None], raw: dict[str, MongoClient[dict[str, object]]], page: Page,
+    layouts: dict[str, str], reads: _Reads,
+) -> None:
+    """What the page cost in each layout, and that each of its items is stored once: counted with plain pymongo."""
+    out("== the page's documents, per period (stored documents counted with plain pymongo, not through the router)")
+    ids = [it.id for it in page.items if it.id is not None]
+    wanted = set(ids)
+    stored: Counter[ObjectId] = Counter()  # a copy is a document of its own, or an element of a bucket's items
+    for name in raw:
+        for doc in _feed(raw, name).find({"$or": [{"_id": {"$in": ids}}, {"items._id": {"$in": ids}}]}):
+            stored.update([x["_id"] for x in doc["items"] if x["_id"] in wanted] if "items" in doc else [doc["_id"]])
+    for name in dict.fromkeys(page.sources):
+        mine = [it.id for it, src in zip(page.items, page.sources) if src == name]
+        if layouts[name] == "buckets":
+            docs = _feed(raw, name).count_documents({"items._id": {"$in": mine}})
+        else:
+            docs = _feed(raw, name).count_documents({"_id": {"$in": mine}})
+        out(f"   {name} ({layouts[name]}): {len(mine)} items stored in {docs} documents; the server returned "
+            f"{reads.returned[name]} documents to the page's {reads.described(name)}")
+        if layouts[name] == "copies":
+            check(docs == len(mine), f"{name}'s {len(mine)} items needed one document each")
+        else:
+            fewest = -(-len(mine) // BUCKET_CAP)
+            check(docs == fewest, f"{name}'s {len(mine)} items sit in {fewest} buckets, the fewest possible at {BUCKET_CAP} copies a bucket")
+    sizes = [len(d["items"]) for d in _feed(raw, "cluster_4").find({}, {"items._id": 1})]
+    out(f"   cluster_4 holds {len(sizes)} buckets, {sum(sizes)} copies, the fullest with {max(sizes, default=0)}")
+    check(all(n <= BUCKET_CAP for n in sizes), f"every bucket holds at most {BUCKET_CAP} copies")
+    check(len(ids) == len(page.items) and all(stored[i] == 1 for i in ids),
+          f"every one of the page's {len(ids)} items is stored exactly once (in all four clusters)")
+
+
+class _Reads(monitoring.CommandListener):
+    """Counts, per cluster, the commands a router sends and the documents its find/getMore replies hold, while on."""
+
+    def __init__(self, clusters: dict[tuple[str, int | None] | None, str]) -> None:
+        self.clusters = clusters
+        self.on = False
+        self.returned: Counter[str] = Counter()
+        self.commands: dict[str, Counter[str]] = {}
+        self._lock = threading.Lock()
+
+    def described(self, name: str) -> str:
+        """``1 find, 1 aggregate``: the commands sent to cluster *name*."""
+        sent = self.commands.get(name, Counter())
+        return ", ".join(f"{n} {command}{'s' if n > 1 else ''}" for command, n in sent.items()) or "no command"
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.on:
+            with self._lock:
+                self.commands.setdefault(self.clusters.get(event.connection_id, "?"), Counter())[event.command_name] += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if self.on and event.command_name in ("find", "getMore"):
+            cursor = event.reply.get("cursor", {})
+            with self._lock:
+                self.returned[self.clusters.get(event.connection_id, "?")] += len(
+                    cursor.get("firstBatch", cursor.get("nextBatch", ())))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
