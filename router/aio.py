@@ -126,7 +126,8 @@ class AsyncFeedRouter:
         self._clusters = clusters
         self._routing = Routing(timemap, started, self.config.rollover.lead_time if self.config.rollover else None)
         clusters.record(Event("timemap_loaded", started.timestamp()))
-        log.info("time map loaded from %d clusters:\n%s", len(clusters), timemap.describe())
+        if log.isEnabledFor(logging.INFO):  # the table of a thousand periods takes a while to format
+            log.info("time map loaded from %d clusters:\n%s", len(clusters), timemap.describe())
         self._fanouts = AsyncFanOutExecutor(workers=self._fanout_workers)
         if self._refresh_wanted:
             self._refresher = asyncio.create_task(self._refresh_loop(), name="feed-router-refresh")

@@ -9,7 +9,10 @@ receivers out three ways, each into a fresh database: ``FeedRouter.fan_out`` in 
 process, then :func:`~router.fanout.celery.publish_fan_out` with one and with two
 ``feedrouter worker --pool solo`` processes (started and ready before the clock starts).
 A Celery run is timed from the first publish call until ``fan_out_status`` says done.
-Every process (servers, Redis, workers, publisher) shares this machine's cores.
+Every process (servers, Redis, workers, publisher) shares this machine's cores; each run
+also records how busy the machine was and the CPU seconds the servers, the broker, the
+workers and the publisher used (:mod:`router.testing.bench.cpu`), so a missed speed-up
+says what it ran out of.
 
 Example::
 
@@ -33,6 +36,7 @@ from contextlib import ExitStack
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pymongo import MongoClient
@@ -43,6 +47,7 @@ from ..ids import data_key
 from ..model import Activity
 from ..sync import FeedRouter
 from .bench.common import NAMES, NOW, UTC, register
+from .bench.cpu import Snapshot, listening_pids, server_pids
 from .errors import HarnessError
 from .localservers import LocalClusters
 from .process import POLL_INTERVAL, log_tail, spawn_logged
@@ -186,15 +191,31 @@ def _wait_done(router: FeedRouter, job_id: str, *, timeout: float) -> None:
         time.sleep(0.05)
 
 
+class _CPU:
+    """CPU spent from its making to :meth:`spent`: the machine, the servers, the broker, the workers, this process."""
+
+    def __init__(self, servers: set[int], brokers: set[int], workers: list[int]) -> None:
+        self._groups = {"servers": servers, "broker": brokers, "workers": set(workers)}
+        self._start = Snapshot.take(self._groups)
+        self._own = time.process_time()
+
+    def spent(self) -> dict[str, float]:
+        own = time.process_time() - self._own
+        used = Snapshot.take(self._groups).minus(self._start)
+        return {"busy_share": used.busy_share, "cores": used.total / used.wall if used.wall else 0.0,
+                **{f"{name}_s": seconds for name, seconds in used.seconds.items()}, "publisher_s": own}
+
+
 def run_celery_bench(
     *, receivers: int = 100_000, batch_size: int = 1000, uris: Sequence[str] | None = None, broker: str | None = None,
     work_dir: Path | None = None, timeout: float = 900.0,
 ) -> dict[str, Any]:
     """Measure one fan-out of *receivers* in-process, on 1 worker and on 2 workers; return the figures.
 
-    Each figure is ``{"seconds", "copies_per_second"}`` (Celery runs add ``"publish_seconds"``,
-    the time the publisher took to send every task). Servers and Redis are started here
-    unless *uris* / *broker* are given.
+    Each figure is ``{"seconds", "copies_per_second", "cpu"}`` (Celery runs add ``"publish_seconds"``,
+    the time the publisher took to send every task); ``cpu`` holds the machine's busy share
+    and the CPU seconds of the servers, the broker, the workers and the publisher over the
+    timed part. Servers and Redis are started here unless *uris* / *broker* are given.
     """
     with ExitStack() as stack:
         if uris is None:
@@ -211,6 +232,7 @@ def run_celery_bench(
         figures: dict[str, Any] = {"receivers": receivers, "batch_size": batch_size, "cpus": os.cpu_count(),
                                    "server": server}
         app = make_app(broker)
+        servers, brokers = server_pids(uris), listening_pids(urlsplit(broker).port or 6379)
         for label, workers in (("in_process", 0), ("celery_1_worker", 1), ("celery_2_workers", 2)):
             db = f"bench_celery_{uuid.uuid4().hex[:8]}"
             config = RouterConfig(database=db, batch_size=batch_size, timeout=timedelta(seconds=60),
@@ -221,12 +243,13 @@ def run_celery_bench(
             try:
                 with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
                     if workers == 0:
+                        cpu = _CPU(servers, brokers, [])
                         t0 = time.perf_counter()
                         result = router.fan_out(post, range(receivers))
                         elapsed = time.perf_counter() - t0
                         if not result.ok or result.written != receivers:
                             raise HarnessError(f"{label}: the fan-out did not write every copy: {result}")
-                        figures[label] = {"seconds": elapsed, "copies_per_second": receivers / elapsed}
+                        figures[label] = {"seconds": elapsed, "copies_per_second": receivers / elapsed, "cpu": cpu.spent()}
                     else:
                         path = work_dir / f"{db}.yaml"
                         path.write_text(worker_yaml(config, broker=broker))
@@ -234,6 +257,7 @@ def run_celery_bench(
                                    for i in range(workers)]
                         for worker in running:
                             worker.wait_ready()
+                        cpu = _CPU(servers, brokers, [w.pid for w in running])
                         t0 = time.perf_counter()
                         published = publish_fan_out(router, app, post, range(receivers))
                         sent = time.perf_counter() - t0
@@ -243,7 +267,7 @@ def run_celery_bench(
                         if status.written != receivers:
                             raise HarnessError(f"{label}: the workers did not write every copy: {status}")
                         figures[label] = {"seconds": elapsed, "copies_per_second": receivers / elapsed,
-                                          "publish_seconds": sent}
+                                          "publish_seconds": sent, "cpu": cpu.spent()}
                     log.info("%s: %d copies in %.2f s", label, receivers, figures[label]["seconds"])
             finally:
                 for worker in running:

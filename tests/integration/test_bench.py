@@ -18,9 +18,11 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
     names = {r.name for r in results}
     assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "async_reads", "pull_pages", "delete_ratio",
             "fanout_ratio", "fanout_memory", "scale_startup_sync", "scale_threads_async", "scale_rss_sync",
-            "scale_commands_sync", "scale_commands_async"} <= names
+            "scale_commands_sync", "scale_commands_async", "celery_scaling", "async_door_ratio", "read_cpu_async",
+            "read_cpu_sync"} <= names
     assert "| measure | router | raw pymongo |" in text
-    assert text.rstrip().splitlines()[-1].startswith(f"SUMMARY: {sum(r.passed for r in results)} of {len(results)} targets met")
+    judged = [r for r in results if r.judged]
+    assert text.rstrip().splitlines()[-1].startswith(f"SUMMARY: {sum(r.passed for r in judged)} of {len(judged)} targets met")
     data = json.loads((tmp_path / "bench.json").read_text())
     assert len(data["results"]) == len(results) and all(r["router"] for r in data["results"])
     for exact in ("commands_per_page", "pull_pages", "scale_commands_sync", "scale_commands_async"):  # counts, not timings: these must hold at any size
