@@ -116,7 +116,8 @@ class FeedRouter:
             raise
         self._routing = Routing(timemap, started, config.rollover.lead_time if config.rollover else None)
         self._clusters.record(Event("timemap_loaded", started.timestamp()))
-        log.info("time map loaded from %d clusters:\n%s", len(self._clusters), timemap.describe())
+        if log.isEnabledFor(logging.INFO):  # the table of a thousand periods takes a while to format
+            log.info("time map loaded from %d clusters:\n%s", len(self._clusters), timemap.describe())
         self._fanouts = FanOutExecutor(workers=fanout_workers)
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None

@@ -39,13 +39,15 @@ class Sizes:
     memory: tuple[int, int]
     #: Receivers and repetitions of the Celery scaling measure (a couple of minutes in full).
     celery: tuple[int, int]
+    #: Items per layout, receivers they are spread over, fan-out receivers and repetitions of the layouts measure.
+    layouts: tuple[int, int, int, int] = (100_000, 50, 5_000, 3)
 
 
 SIZES = {
     "full": Sizes(writes=30_000, cpu=100_000, reps=5, reads=50, deletes=300, fanout=1_000_000, memory=(100_000, 1_000_000),
-                  celery=(50_000, 3)),
+                  celery=(50_000, 3), layouts=(100_000, 50, 5_000, 3)),
     "small": Sizes(writes=2_000, cpu=5_000, reps=3, reads=20, deletes=30, fanout=20_000, memory=(5_000, 20_000),
-                   celery=(2_000, 1)),
+                   celery=(2_000, 1), layouts=(2_000, 2, 300, 2)),
 }
 
 
