@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import bson
 import pytest
 from pymongo import MongoClient
 
-from router import Activity, FeedItem, RouterConfig, data_key
+from router import Activity, FeedItem, FeedRouter, RouterConfig, data_key
 from router.admin.periods import plan_period
 from router.admin.status import check_report
-from router.core.layouts.buckets import MAX_ITEMS
+from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS
 from router.errors import PeriodChangeRefused
 from router.model import ClusterMeta
 from router.storage.clusters import Cluster, Clusters
@@ -180,6 +181,21 @@ def test_every_operation_across_a_layout_boundary(config: RouterConfig, open_rou
 
 def attrs_with_id(item: FeedItem, oid: Any) -> FeedItem:
     return attrs.evolve(item, id=oid)
+
+
+def test_buckets_are_capped_by_bytes(config: RouterConfig, raw: MongoClient[dict[str, Any]]) -> None:
+    """Copies of 3 MiB each: a bucket takes two (8 MiB cap), so five need three buckets; all five page back."""
+    router = FeedRouter(config, clock=lambda: NOW)
+    try:
+        big = [FeedItem(receiver_id=9, sender_id=1, event_time=P2 + timedelta(hours=k + 1), type=1,
+                        data={"blob": "x" * (3 * 1024 * 1024), "k": k}, data_key=data_key("big", k)) for k in range(5)]
+        router.write_many(big)
+        docs = list(feed(raw, config, 2).find({"receiver_id": 9}))
+        assert sorted(len(d["items"]) for d in docs) == [1, 2, 2]
+        assert all(d["bytes"] <= MAX_BYTES and len(bson.encode(d)) < 16 * 1024 * 1024 for d in docs)
+        assert [x.data["k"] for x in page_all(router, 9, 2)] == [4, 3, 2, 1, 0]
+    finally:
+        router.close()
 
 
 def test_concurrent_fan_outs_keep_every_copy(config: RouterConfig, raw: MongoClient[dict[str, Any]]) -> None:
