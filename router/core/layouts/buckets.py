@@ -195,7 +195,8 @@ class Buckets(Layout):
     # -- edits ----------------------------------------------------------------------------------
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
                  what: str) -> Program[Edited]:
-        # A receiver holds one copy of a key, so a bucket holds at most one: buckets changed = copies changed.
+        # Counted in buckets changed: that is copies changed, since fan-out gives a receiver one copy of a key (only
+        # write_many can give one receiver two items of one key, which would count once).
         if data is None:
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
                                         update={"$pull": {"items": {"data_key": data_key}}}, what=what))
