@@ -50,6 +50,7 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, brok
     from router import Activity, ClusterConfig, ClusterMeta, FeedRouter, RouterConfig, data_key
     from router.admin.migrate import discover, migrate_cluster
     from router.storage.clusters import Cluster
+    from router.testing.javaserver import drop_database
 
     utc = timezone.utc
     database = f"fanout_memory_{uuid.uuid4().hex[:10]}"
@@ -91,7 +92,10 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, brok
             seconds = time.perf_counter() - began
             peak = peak_rss_bytes()
     finally:
-        cluster.client.drop_database(database)
+        if cluster.capabilities().server == "mongo-java-server":  # it cannot drop a migrated database as it is
+            drop_database(cluster.client, database)
+        else:
+            cluster.client.drop_database(database)
         cluster.close()
     return {
         "receivers": receivers,

@@ -17,9 +17,13 @@ dependency:copy-dependencies`` of a generated pom) into the cache folder
 (:func:`~router.testing.ferretdb.cache_dir`) and compiles the launcher there with
 ``javac``, under a file lock; afterwards it only checks a stamp.
 
-What it lacks: everything is in memory (a restart starts empty); it ignores secondary
-indexes (``createIndexes`` succeeds, uniqueness is not enforced on them, queries scan);
-it answers ``isMaster`` but not ``hello``; no sharding, users or transactions.
+What it lacks: everything is in memory (a restart starts empty); it answers ``isMaster``
+but not ``hello``; no sharding, users or transactions. Unique indexes are enforced (code
+11000). One bug matters to the tests: ``dropIndexes`` by name also removes every other
+index of that name in the database from the server's catalogue, while the collections
+still hold them, and dropping such a collection, or its database, then fails the server's
+own consistency check. Migration 0002 drops ``feed``'s ``data_key`` index while ``outbox``
+has one of that name, so :func:`drop_database` clears ``outbox``'s first.
 
 Example::
 
@@ -41,7 +45,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
 from .errors import HarnessError
 from .ferretdb import cache_dir
@@ -51,9 +58,11 @@ if TYPE_CHECKING:
     from .server import LocalServer
 
 __all__ = [
+    "FORGOTTEN_INDEXES",
     "JAVASERVER_VERSION",
     "WIRE_VERSION",
     "LocalJavaServer",
+    "drop_database",
     "ensure_javaserver",
     "javaserver_command",
 ]
@@ -164,6 +173,31 @@ def javaserver_command(home: Path, *, port: int, data_dir: Path) -> list[str]:
         LAUNCHER,
         str(port),
     ]  # fmt: skip
+
+
+FORGOTTEN_INDEXES = (("outbox", "data_key"),)
+"""(collection, index name) that migration 0002's ``dropIndexes`` of ``feed``'s ``data_key`` makes the server forget."""
+
+
+def drop_database(client: MongoClient[Any], name: str) -> None:
+    """Drop database *name* on a mongo-java-server, first dropping what its catalogue forgot.
+
+    A database the router's migrations reached cannot be dropped as it is (see the module
+    docstring): when the plain drop fails, each index of :data:`FORGOTTEN_INDEXES` is
+    dropped by name (which the server still does) and the database dropped again. A
+    failure of that second attempt is raised.
+
+    Example::
+
+        >>> drop_database(pymongo.MongoClient(server.uri), "t_0123456789ab")  # doctest: +SKIP
+    """
+    try:
+        client.drop_database(name)
+    except OperationFailure:
+        database = client[name]
+        for collection, index in FORGOTTEN_INDEXES:
+            database[collection].drop_index(index)
+        client.drop_database(name)
 
 
 class LocalJavaServer:

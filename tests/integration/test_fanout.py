@@ -336,6 +336,7 @@ def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRo
     assert result.ok and result.resumed == 5000 and result.written == 3000
 
 
+@pytest.mark.needs_durable_server  # the resume reads the checkpoint written before the restart
 def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
     make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any]
 ) -> None:
@@ -402,7 +403,7 @@ def test_delete_removes_every_copy_of_a_fan_out(
     other = router.fan_out(activity(10), people(100))
     result = router.fan_out(act, people(n))
     assert result.written == n and other.written == 100
-    with caplog.at_level(logging.INFO, logger="router.core.layouts.copies"):
+    with caplog.at_level(logging.INFO, logger="router.core.layouts.copies"):  # the copies layout logs its steps
         assert router.delete(act.data_key) == n
     assert "cluster cluster_2: delete " in caplog.text and "in steps of about 10000" in caplog.text
     assert counts(raw_clients, db_name) == {"cluster_1": 0, "cluster_2": 100, "cluster_3": 0}
