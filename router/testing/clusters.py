@@ -12,7 +12,8 @@ Backends (``backend=`` or ``$FEED_TEST_BACKEND``):
 * ``javaserver``: mongo-java-server 1.47.0 in memory, one JVM per cluster
   (:mod:`router.testing.javaserver`), only when asked for. It applies a document's filter
   and update atomically, as MongoDB does and FerretDB v1 does not; it keeps nothing across
-  a restart and ignores secondary indexes.
+  a restart, and its queries scan rather than use secondary indexes (unique indexes are
+  enforced).
 * ``docker``: testcontainers' ``mongo:7``, only when asked for.
 * ``auto`` (the default): ``mongod`` if it is on PATH, else ``ferretdb-pg`` if PostgreSQL's
   server programs are found, else ``ferretdb-sqlite`` (with a warning).
