@@ -31,10 +31,10 @@ from bson import ObjectId
 
 from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
 from ..ids import make_ids
-from ..model import FeedItem, to_millis
+from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
-from .layouts import LAYOUTS, Entry, Layout, entry_of
+from .layouts import LAYOUTS, Entry, Layout, entry_of, same_entry
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
@@ -227,17 +227,6 @@ def insert_program(
     return InsertResult(written, tuple(present), failed, renamed)
 
 
-_IDENTITY = ("data_key", "receiver_id", "sender_id", "type")
-
-
-def _same_item(stored: dict[str, Any], ours: dict[str, Any]) -> bool:
-    """Is *stored* the document *ours* (an earlier attempt), not another item under the same ``_id``?"""
-    if any(stored.get(f) != ours.get(f) for f in _IDENTITY):
-        return False
-    a, b = stored.get("event_time"), ours.get("event_time")
-    return isinstance(a, datetime) and isinstance(b, datetime) and to_millis(a) == to_millis(b)
-
-
 def _sort_duplicates(
     cluster: str,
     collection: Collection,
@@ -267,7 +256,7 @@ def _sort_duplicates(
             duplicate = [p for p in duplicate if p not in wanted.values()]
         else:
             stored = found if layout is None else layout.looked_up(found, ids)
-            same = {wanted[d["_id"]] for d in stored if d["_id"] in wanted and _same_item(d, docs[wanted[d["_id"]]])}
+            same = {wanted[d["_id"]] for d in stored if d["_id"] in wanted and same_entry(d, docs[wanted[d["_id"]]])}
     again: list[int] = []
     for p in duplicate:
         if p in same:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ...errors import InvalidItem
-from .base import DEFAULT, EditSettings, Entry, IndexSpec, Inbox, Layout, entry_of
+from .base import DEFAULT, EditSettings, Entry, IndexSpec, Inbox, Layout, entry_of, same_entry
 from .buckets import Buckets
 from .copies import Copies
 
-__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "entry_of", "layout_named"]
+__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "entry_of", "layout_named", "same_entry"]
 
 #: Every layout, by the name recorded in a period's metadata.
 LAYOUTS: Mapping[str, Layout] = {Copies.name: Copies(), Buckets.name: Buckets()}

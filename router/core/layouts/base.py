@@ -29,11 +29,11 @@ import attrs
 from bson import ObjectId
 
 from ...cursor import Position
-from ...model import FeedItem
+from ...model import FeedItem, to_millis
 from ..policy import RetryPolicy
 from ..steps import Failure, Find, Program, Request
 
-__all__ = ["DEFAULT", "ENTRY_FIELDS", "EditSettings", "Entry", "Inbox", "IndexSpec", "Layout", "entry_of", "outside_clause"]
+__all__ = ["DEFAULT", "ENTRY_FIELDS", "EditSettings", "Entry", "Inbox", "IndexSpec", "Layout", "entry_of", "outside_clause", "same_entry"]
 
 #: The layout of a period whose metadata names none.
 DEFAULT = "copies"
@@ -54,6 +54,18 @@ def outside_clause(start: datetime | None, end: datetime | None, *, earliest: st
     """Documents whose *earliest* field is before *start* or whose *latest* field is at or after *end*."""
     clauses = ([{earliest: {"$lt": start}}] if start is not None else []) + ([{latest: {"$gte": end}}] if end is not None else [])
     return {} if not clauses else clauses[0] if len(clauses) == 1 else {"$or": clauses}
+
+
+_IDENTITY = ("data_key", "receiver_id", "sender_id", "type")
+
+
+def same_entry(stored: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
+    """Is the entry *stored* (as a layout's :meth:`Layout.looked_up` gives it) *ours* from an earlier attempt, and not
+    another item under the same ``_id``? Same key, receiver, sender, type and millisecond."""
+    if any(stored.get(f) != ours.get(f) for f in _IDENTITY):
+        return False
+    a, b = stored.get("event_time"), ours.get("event_time")
+    return isinstance(a, datetime) and isinstance(b, datetime) and to_millis(a) == to_millis(b)
 
 
 @attrs.frozen
