@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
 from .fence import mark_deleted, mark_updated
-from .layouts import DEFAULT, LAYOUTS, EditSettings, Layout, outbox
+from .layouts import EditSettings, Layout, layout_for, outbox
 from .policy import deadline_in
 from .steps import Concurrently, Delete, Failure, Program, Update
 
@@ -64,8 +64,7 @@ def _everywhere(
             fenced = yield from fence(cluster)
             if fenced is not None:
                 return 0, fenced
-        layout = LAYOUTS[timemap.layout_of(cluster) if timemap is not None else DEFAULT]
-        count, error = yield from copies(layout, cluster)
+        count, error = yield from copies(layout_for(timemap, cluster), cluster)
         if error is None and post is not None:  # the outbox entry is edited too, but not counted
             error = yield from _outbox(cluster, post[0], post[1], settings)
         return count, error

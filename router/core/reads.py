@@ -32,9 +32,9 @@ from ..cursor import CursorState, Position, encode_state
 from ..model import FeedItem, Page
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
-from .layouts import LAYOUTS, Inbox, Layout, outbox
+from .layouts import Inbox, Layout, layout_for, outbox
 from .policy import turn_deadline
-from .steps import Concurrently, Failure, Find, Program, Report
+from .steps import Concurrently, Failure, Find, Program, Report, ask
 
 __all__ = ["ReadPlan", "read_program"]
 
@@ -82,7 +82,7 @@ class _Fetched:
 
 
 def _layout(plan: ReadPlan, cluster: str) -> Layout:
-    return LAYOUTS[plan.timemap.layout_of(cluster)]
+    return layout_for(plan.timemap, cluster)
 
 
 def _inbox(plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float) -> Program[Inbox | Failure]:
@@ -111,11 +111,6 @@ def _pulled_entries(plan: ReadPlan, docs: list[dict[str, Any]]) -> list[_Entry]:
     return entries
 
 
-def _find(request: Find) -> Program[list[dict[str, Any]] | Failure]:
-    answer: list[dict[str, Any]] | Failure = yield request
-    return answer
-
-
 def _with_pull(
     plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
 ) -> Program[_Fetched | Failure]:
@@ -127,7 +122,7 @@ def _with_pull(
                            before=before)
 
     outbox_request = pulled(need + skip, at_or_before=position.event_time if position is not None else None)
-    inbox, found = yield Concurrently([_inbox(plan, cluster, position, need, deadline), _find(outbox_request)],
+    inbox, found = yield Concurrently([_inbox(plan, cluster, position, need, deadline), ask(outbox_request)],
                                      [cluster, cluster])
     for answer in (inbox, found):
         if isinstance(answer, Failure):

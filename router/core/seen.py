@@ -37,9 +37,9 @@ from bson import ObjectId
 
 from ..cursor import Position
 from ..timemap import TimeMap
-from .layouts import DEFAULT, LAYOUTS, Layout, outbox
+from .layouts import Layout, layout_for, outbox
 from .layouts.copies import older_than
-from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program
+from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
 __all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_program", "unseen_program"]
 
@@ -83,7 +83,7 @@ class UnseenPlan:
 
     def layout(self, name: str) -> Layout:
         """The layout of cluster *name*'s period."""
-        return LAYOUTS[self.timemap.layout_of(name) if self.timemap is not None else DEFAULT]
+        return layout_for(self.timemap, name)
 
 
 def mark_program(receiver_id: int | str, position: Position, cluster: str, *, deadline: float) -> Program[Position]:
@@ -121,11 +121,6 @@ def _keys(answer: Any) -> Any:
     return answer
 
 
-def _pulled(request: Find) -> Program[list[dict[str, Any]] | Failure]:
-    answer: list[dict[str, Any]] | Failure = yield request
-    return answer
-
-
 def _count_with_pull(plan: UnseenPlan, cluster: str, marker: Position | None, need: int) -> Program[int]:
     """Distinct entries newer than *marker* in the inbox and the pulled outboxes of *cluster*, up to *need*.
 
@@ -135,11 +130,11 @@ def _count_with_pull(plan: UnseenPlan, cluster: str, marker: Position | None, ne
     """
     programs = [
         plan.layout(cluster).newer(cluster, plan.receiver_id, marker, need, plan.deadline),
-        _pulled(outbox.find(cluster, plan.pull, plan.deadline, after=marker.event_time if marker else None, limit=need,
+        ask(outbox.find(cluster, plan.pull, plan.deadline, after=marker.event_time if marker else None, limit=need,
                             keys_only=True)),
     ]
     if marker is not None:
-        programs.append(_pulled(outbox.find(cluster, plan.pull, plan.deadline, at=marker.event_time, keys_only=True)))
+        programs.append(ask(outbox.find(cluster, plan.pull, plan.deadline, at=marker.event_time, keys_only=True)))
     answers = yield Concurrently(programs, [cluster] * len(programs))
     inbox, found = _keys(answers[0]), _keys(answers[1])
     if len(inbox) >= need or len(found) >= need:

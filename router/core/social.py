@@ -37,7 +37,7 @@ from ..timemap import ReadWindow, TimeMap
 from ..model import Activity
 from .fanout import FanOutJob, plan_job
 from .fence import settle
-from .layouts import LAYOUTS, entry_of, outbox
+from .layouts import entry_of, layout_for, outbox
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing
 from .steps import Failure, Program
@@ -198,7 +198,7 @@ def backfill_program(
             keys.append(a.data_key)
             written_ids.setdefault(a.data_key, []).append(oid)
         if docs:
-            layout = LAYOUTS[timemap.layout_of(cluster)]
+            layout = layout_for(timemap, cluster)
             result = yield from insert_program(cluster, "feed", docs, policy=policy, deadline=deadline,
                                                duplicates="present", layout=layout)
             if result.failed:

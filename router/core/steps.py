@@ -49,6 +49,7 @@ __all__ = [
     "UpdateOutcome",
     "Upserts",
     "WriteError",
+    "ask",
 ]
 
 T = TypeVar("T")
@@ -223,3 +224,8 @@ Request: TypeAlias = Find | Count | Insert | Upserts | Delete | Update | Sleep |
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 
+
+def ask(request: Find) -> Program[list[dict[str, Any]] | Failure]:
+    """A program of one :class:`Find`: what lets a single request run beside others in :class:`Concurrently`."""
+    answer: list[dict[str, Any]] | Failure = yield request
+    return answer

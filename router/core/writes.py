@@ -34,7 +34,7 @@ from ..ids import make_ids
 from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
-from .layouts import LAYOUTS, Entry, Layout, entry_of, same_entry
+from .layouts import Entry, Layout, entry_of, layout_for, same_entry
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
@@ -318,7 +318,7 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
         return ids
     names = list(prepared.batches)
     programs = [
-        _cluster_program(name, idx, docs, prepared.given, settings, deadline, LAYOUTS[routing.timemap.layout_of(name)])
+        _cluster_program(name, idx, docs, prepared.given, settings, deadline, layout_for(routing.timemap, name))
         for name, (idx, docs) in prepared.batches.items()
     ]
     outcomes = yield Concurrently(programs, names)

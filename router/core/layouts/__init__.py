@@ -8,14 +8,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ...errors import InvalidItem
+from ...timemap import TimeMap
 from .base import DEFAULT, EditSettings, Entry, IndexSpec, Inbox, Layout, entry_of, same_entry
 from .buckets import Buckets
 from .copies import Copies
 
-__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "entry_of", "layout_named", "same_entry"]
+__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "entry_of", "layout_for", "layout_named", "same_entry"]
 
 #: Every layout, by the name recorded in a period's metadata.
 LAYOUTS: Mapping[str, Layout] = {Copies.name: Copies(), Buckets.name: Buckets()}
+
+
+def layout_for(timemap: TimeMap | None, cluster: str) -> Layout:
+    """The layout of *cluster*'s period in *timemap* (the default layout without a map, or for a cluster not in it)."""
+    return LAYOUTS[timemap.layout_of(cluster) if timemap is not None else DEFAULT]
 
 
 def layout_named(name: object, *, field: str = "layout") -> Layout:

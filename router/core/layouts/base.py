@@ -106,7 +106,7 @@ class Layout(abc.ABC):
 
     Example (what the core does with a layout)::
 
-        layout = LAYOUTS[timemap.layout_of("cluster_3")]
+        layout = layout_for(timemap, "cluster_3")
         request = layout.store("cluster_3", entries, deadline)     # Insert or Upserts
         inbox = yield from layout.inbox("cluster_3", 7, position, 50, (), deadline)
     """
