@@ -43,7 +43,7 @@ from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
-from .copies import chunks, in_steps
+from .copies import chunks, in_steps, item_of
 
 __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD"]
 
@@ -85,9 +85,18 @@ def _key(t: datetime, oid: ObjectId) -> tuple[datetime, bytes]:
     return t, oid.binary
 
 
-def _after(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """Buckets after *doc* in read order (newest desc, _id desc)."""
-    return {"$or": [{"newest": {"$lt": doc["newest"]}}, {"newest": doc["newest"], "_id": {"$lt": doc["_id"]}}]}
+def _buckets(receiver_id: int | str, *, after: Mapping[str, Any] | None, oldest_by: datetime | None = None,
+             newest_from: datetime | None = None) -> dict[str, Any]:
+    """The receiver's buckets after the bucket *after* in read order (newest desc, _id desc; all when None) that hold
+    something at or before *oldest_by* and reach *newest_from*."""
+    match: dict[str, Any] = {"receiver_id": receiver_id}
+    if oldest_by is not None:
+        match["oldest"] = {"$lte": oldest_by}
+    if newest_from is not None:
+        match["newest"] = {"$gte": newest_from}
+    if after is not None:
+        match["$or"] = [{"newest": {"$lt": after["newest"]}}, {"newest": after["newest"], "_id": {"$lt": after["_id"]}}]
+    return match
 
 
 class Buckets(Layout):
@@ -121,42 +130,30 @@ class Buckets(Layout):
         return out
 
     # -- reads ----------------------------------------------------------------------------------
-    def _buckets(self, cluster: str, receiver_id: int | str, position: Position | None, after: Mapping[str, Any] | None,
-                 deadline: float, limit: int) -> Find:
-        match: dict[str, Any] = {"receiver_id": receiver_id}
-        if position is not None:
-            match["oldest"] = {"$lte": position.event_time}
-        if after is not None:
-            match.update(_after(after))
-        return Find(cluster, "feed", match, deadline, sort=_ORDER, limit=limit)
-
     def inbox(self, cluster: str, receiver_id: int | str, position: Position | None, need: int,
               types: tuple[int | str, ...], deadline: float) -> Program[Inbox | Failure]:
         bound = _key(position.event_time, position.id) if position is not None else None
+        oldest_by = position.event_time if position is not None else None
         wanted = set(types)
         found: list[tuple[datetime, ObjectId, FeedItem]] = []
         last: Mapping[str, Any] | None = None
         while True:
-            docs = yield self._buckets(cluster, receiver_id, position, last, deadline, READ_AHEAD)
+            docs = yield Find(cluster, "feed", _buckets(receiver_id, after=last, oldest_by=oldest_by), deadline,
+                              sort=_ORDER, limit=READ_AHEAD)
             if isinstance(docs, Failure):
                 return docs
             for doc in docs:
                 for item in doc.get("items", ()):
                     t, oid = item["event_time"], item["_id"]
                     if (bound is None or _key(t, oid) < bound) and (not wanted or item["type"] in wanted):
-                        found.append((t, oid, FeedItem(receiver_id=receiver_id, sender_id=item["sender_id"],
-                                                       event_time=t, type=item["type"], data=item["data"],
-                                                       data_key=item["data_key"], id=oid)))
+                        found.append((t, oid, item_of(item, receiver_id)))
             found.sort(key=lambda e: _key(e[0], e[1]), reverse=True)
             if len(docs) < READ_AHEAD:  # every bucket read
                 return Inbox(found[:need], len(found) > need)
             last = docs[-1]
             if len(found) >= need:
                 # Could an unread bucket hold an item above the page's last? Only one whose newest reaches it.
-                edge = found[need - 1][0]
-                match = {"receiver_id": receiver_id, "newest": {"$gte": edge}, **_after(last)}
-                if position is not None:
-                    match["oldest"] = {"$lte": position.event_time}
+                match = _buckets(receiver_id, after=last, oldest_by=oldest_by, newest_from=found[need - 1][0])
                 others = yield Count(cluster, "feed", match, deadline, limit=1)
                 if isinstance(others, Failure):
                     return others
@@ -169,11 +166,7 @@ class Buckets(Layout):
         keys: list[tuple[datetime, ObjectId]] = []
         last: Mapping[str, Any] | None = None
         while len(keys) < need:
-            match: dict[str, Any] = {"receiver_id": receiver_id}
-            if bound is not None:
-                match["newest"] = {"$gte": bound.event_time}
-            if last is not None:
-                match.update(_after(last))
+            match = _buckets(receiver_id, after=last, newest_from=bound.event_time if bound is not None else None)
             docs = yield Find(cluster, "feed", match, deadline, sort=_ORDER, limit=READ_AHEAD * 2,
                               projection={"newest": 1, "items._id": 1, "items.event_time": 1})
             if isinstance(docs, Failure):

@@ -63,10 +63,12 @@ def newer_than(position: Position | None, id_field: str = "_id") -> dict[str, An
                     {"event_time": position.event_time, id_field: {"$gt": position.id}}]}
 
 
-def item_of(doc: Mapping[str, Any]) -> FeedItem:
-    """The item of a stored copy (or of an entry)."""
-    return FeedItem(receiver_id=doc["receiver_id"], sender_id=doc["sender_id"], event_time=doc["event_time"],
-                    type=doc["type"], data=doc["data"], data_key=doc["data_key"], id=doc["_id"])
+def item_of(doc: Mapping[str, Any], receiver_id: int | str | None = None) -> FeedItem:
+    """The item of a stored copy or an entry (or of a copy inside a bucket, which has no ``receiver_id`` of its own:
+    pass it)."""
+    return FeedItem(receiver_id=doc["receiver_id"] if receiver_id is None else receiver_id, sender_id=doc["sender_id"],
+                    event_time=doc["event_time"], type=doc["type"], data=doc["data"], data_key=doc["data_key"],
+                    id=doc["_id"])
 
 
 def in_steps(
