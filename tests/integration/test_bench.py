@@ -28,3 +28,7 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
     for exact in ("commands_per_page", "pull_pages", "scale_commands_sync", "scale_commands_async", "layout_page_documents"):  # counts, not timings: these must hold at any size
         result = next(r for r in results if r.name == exact)
         assert result.passed, result.note
+    layouts = [r for r in results if r.name.startswith("layout_")]  # buckets vs copies, on a mongo-java-server of its own
+    assert [r.name for r in layouts] == ["layout_page_documents", "layout_page_latency", "layout_fanout", "layout_bytes_per_item"]
+    assert all(r.router and r.raw and len(r.ratios) == len(r.router) for r in layouts)
+    assert layouts[0].raw == [50.0, 50.0]  # a page of 50 in copies: 50 documents, newest page and deep page

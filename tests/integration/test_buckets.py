@@ -123,7 +123,7 @@ def test_every_operation_across_a_layout_boundary(config: RouterConfig, open_rou
     assert sum(len(d["items"]) for d in docs) == 90 and all(len(d["items"]) <= MAX_ITEMS for d in docs)
     assert len(docs) == 2 and feed(raw, config, 0).count_documents({"receiver_id": 7}) == 40
     # A rerun with the same ids stores nothing twice.
-    assert router.write_many([attrs_with_id(x, i) for x, i in zip(written, ids)]) == ids
+    assert router.write_many([attrs.evolve(x, id=i) for x, i in zip(written, ids)]) == ids
     assert stored_copies(raw, config, 2) == 90 and stored_copies(raw, config, 1) == 60
     # Every item exactly once, newest first, across the boundary, at several page sizes.
     for limit in (1, 7, 50, 120):
@@ -177,10 +177,6 @@ def test_every_operation_across_a_layout_boundary(config: RouterConfig, open_rou
     router.mark_seen(8, router.read(8, limit=20).items[14])  # in the copies period: both layouts counted
     unseen = router.unseen_count(8, cap=50)
     assert unseen.count == 14 and unseen.queried == ("cluster_3", "cluster_2", "cluster_1")
-
-
-def attrs_with_id(item: FeedItem, oid: Any) -> FeedItem:
-    return attrs.evolve(item, id=oid)
 
 
 def test_buckets_are_capped_by_bytes(config: RouterConfig, raw: MongoClient[dict[str, Any]]) -> None:
