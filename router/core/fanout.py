@@ -50,7 +50,7 @@ from .jobs import (
     FanOutJob,
     positive_int,
 )
-from .layouts import LAYOUTS, entry_of
+from .layouts import LAYOUTS, copy_entries
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
@@ -178,8 +178,7 @@ def batch_program(
     a = job.activity
     ids = copy_ids(job.seconds, a.data_key, valid)
     shared = known.data if known.updated else a.data if data is None else data
-    sender, event_time, kind, key = a.sender_id, a.event_time, a.type, a.data_key
-    docs = [entry_of(oid, receiver, sender, event_time, kind, shared, key) for oid, receiver in zip(ids, valid)]
+    docs = copy_entries(ids, valid, a.sender_id, a.event_time, a.type, shared, a.data_key)
     layout = LAYOUTS[job.layout]
     written = already = 0
     failed: list[int | str] = []

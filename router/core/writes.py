@@ -34,7 +34,7 @@ from ..ids import make_ids
 from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
-from .layouts import Entry, Layout, entry_of, layout_for, same_entry
+from .layouts import Entry, Layout, item_entries, layout_for, same_entry
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
@@ -102,10 +102,7 @@ def _prepare(seq: Sequence[FeedItem], routing: Routing, indexed: bool) -> Prepar
     ids = make_ids(seconds)
     for i, oid in given.items():
         ids[i] = oid
-    documents = [
-        entry_of(oid, item.receiver_id, item.sender_id, item.event_time, item.type, item.data, item.data_key)
-        for item, oid in zip(seq, ids)
-    ]
+    documents = item_entries(seq, ids)
     batches = {name: (idx, [documents[i] for i in idx]) for name, idx in routes.items()}
     return Prepared(ids=ids, batches=batches, given=frozenset(given))
 

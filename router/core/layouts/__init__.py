@@ -9,11 +9,22 @@ from collections.abc import Mapping
 
 from ...errors import InvalidItem
 from ...timemap import TimeMap
-from .base import DEFAULT, EditSettings, Entry, IndexSpec, Inbox, Layout, entry_of, same_entry
+from .base import (
+    DEFAULT,
+    EditSettings,
+    Entry,
+    IndexSpec,
+    Inbox,
+    Layout,
+    copy_entries,
+    entry_of,
+    item_entries,
+    same_entry,
+)
 from .buckets import Buckets
 from .copies import Copies
 
-__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "entry_of", "layout_for", "layout_named", "same_entry"]
+__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "copy_entries", "entry_of", "item_entries", "layout_for", "layout_named", "same_entry"]
 
 #: Every layout, by the name recorded in a period's metadata.
 LAYOUTS: Mapping[str, Layout] = {Copies.name: Copies(), Buckets.name: Buckets()}
