@@ -331,3 +331,32 @@ def test_local_redis_keeps_data_across_a_kill(tmp_path: Path) -> None:
     assert pid is not None and _pid_gone(pid)
     assert not broker.alive
     assert _pids_naming(tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["missing", "altered"])
+def test_ferretdb2_build_names_a_missing_or_altered_archive(tmp_path: Path, damage: str) -> None:
+    """Before building, scripts/build-ferretdb2 checks each pinned archive and names the one missing or altered."""
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    if damage == "altered":
+        for name in ("documentdb-ferretdb-3f80da90.tar.gz", "pgvector-0.8.0.tar.gz", "pg_cron-1.6.4.tar.gz"):
+            (vendor / name).write_bytes(b"not the pinned archive")
+    env = {**os.environ, "FEEDROUTER_VENDOR": str(vendor), "FEEDROUTER_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([str(REPO / "scripts" / "build-ferretdb2")], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    archive = vendor / "documentdb-ferretdb-3f80da90.tar.gz"
+    if damage == "missing":
+        assert f"{archive} is missing: put the pinned archive there" in result.stderr
+    else:
+        assert f"{archive} has SHA-256 " in result.stderr and "replace it with the pinned archive" in result.stderr
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("ferretdb-*/.complete"))
+
+
+def test_ferretdb2_build_without_a_vendor_folder_says_where_archives_go(tmp_path: Path) -> None:
+    """With no $FEEDROUTER_VENDOR and nothing built, the build stops and says which variable to set."""
+    env = {k: v for k, v in os.environ.items() if k != "FEEDROUTER_VENDOR"}
+    env["FEEDROUTER_CACHE"] = str(tmp_path / "cache")
+    result = subprocess.run([str(REPO / "scripts" / "build-ferretdb2")], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)
+    assert result.returncode == 1 and "FEEDROUTER_VENDOR is not set" in result.stderr
