@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 from bson import ObjectId
@@ -224,6 +225,40 @@ def test_type_filtered_paging_to_the_end_while_writing(router: FeedRouter) -> No
             expected |= {(t, data_key("typed", f"{author}-{i}")) for i, t in
                          enumerate(spread(P1 + timedelta(days=1), 12, timedelta(hours=5))) if kinds[i % 3] != 1}
         assert expected <= {(i.event_time, i.data_key) for i in served}
+
+
+def test_pulled_pages_stay_full(router: FeedRouter) -> None:
+    """Five pulled posts paged 3 at a time, type-filtered or not, with or without a pushed copy among them, come back
+    as [3, 2]: an outbox answer that fills the request still serves its last millisecond's entries."""
+    r, celeb = fresh(), fresh()
+    posts = [Activity(sender_id=celeb, event_time=t, type="mention", data={"i": i}, data_key=data_key("full", f"{celeb}-{i}"))
+             for i, t in enumerate(spread(P2 + timedelta(days=3), 5, timedelta(hours=9)))]
+    for act in posts:
+        router.publish(act, [], pull=True)
+    newest_first = [a.data_key for a in reversed(posts)]
+    for types in (None, ["mention"]):
+        sizes, served, cursor = [], [], None
+        while True:
+            page = router.read(r, limit=3, cursor=cursor, pull=[celeb], types=types)
+            sizes.append(len(page.items))
+            served += [i.data_key for i in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert (sizes, served) == ([3, 2], newest_first), types
+    router.publish(attrs.evolve(posts[2], data={"i": 2}), [r], pull=False)  # one also copied: still served once
+    pages = [len(p.items) for p in _pages(router, r, limit=2, pull=[celeb])]
+    assert pages == [2, 2, 1]
+
+
+def _pages(router: FeedRouter, receiver: int, *, limit: int, pull: list[int]) -> list[Any]:
+    pages, cursor = [], None
+    while True:
+        page = router.read(receiver, limit=limit, cursor=cursor, pull=pull)
+        pages.append(page)
+        cursor = page.next_cursor
+        if cursor is None:
+            return pages
 
 
 def test_bad_arguments_name_themselves(router: FeedRouter) -> None:
