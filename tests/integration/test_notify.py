@@ -261,6 +261,26 @@ def _pages(router: FeedRouter, receiver: int, *, limit: int, pull: list[int]) ->
             return pages
 
 
+def test_an_item_of_another_receivers_page_is_refused(router: FeedRouter) -> None:
+    """mark_seen(alice, an item of bob's page) is InvalidItem naming both receivers, and moves no marker; an int
+    receiver and the str of the same digits are different receivers."""
+    alice, bob, celeb = fresh(), fresh(), fresh()
+    router.write_many([item(alice, t, i) for i, t in enumerate(spread(P2, 3))] + [item(bob, P2 + timedelta(days=2), 9)])
+    router.publish(Activity(sender_id=celeb, event_time=P2 + timedelta(days=3), type=1, data={}, data_key=data_key("c", celeb)),
+                   [], pull=True)
+    own = router.read(alice, limit=1).items[0]
+    router.mark_seen(alice, own)
+    theirs = router.read(bob, limit=5, pull=[celeb]).items
+    assert [i.receiver_id for i in theirs] == [bob, bob]  # the pulled post as bob's page shows it, and bob's own item
+    for foreign in [*theirs, attrs.evolve(own, receiver_id=str(alice))]:
+        with pytest.raises(InvalidItem) as info:
+            router.mark_seen(alice, foreign)
+        assert str(info.value).startswith(f"position: is an item of receiver {foreign.receiver_id!r}'s page, not of "
+                                          f"{alice!r}'s"), str(info.value)
+    assert router.seen_position(alice) == Position(own.event_time, own.id)
+    assert router.unseen_count(alice).count == 0
+
+
 def test_bad_arguments_name_themselves(router: FeedRouter) -> None:
     """Bad input to the new calls is InvalidItem naming the argument, before any I/O."""
     cases: list[tuple[Callable[[], Any], str]] = [
