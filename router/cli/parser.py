@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="end the current open-ended period at --start (refused if it holds later documents)")
     add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     add.add_argument("--force", action="store_true",
-                     help="allow --close-previous with a start less than refresh_interval away (no router may be running)")
+                     help="allow --close-previous with a start less than refresh_interval away (no router may be "
+                     "running); it waives only that notice, never the checks that no stored record is stranded")
     add.add_argument("--migrations", type=Path, default=None, help=MIGRATIONS_HELP)
     rollover = sub.add_parser(
         "rollover",
