@@ -225,3 +225,33 @@ def test_status_shows_what_a_service_saw(make_config: Callable[..., RouterConfig
     assert [rows[c][1:3] for c in ("cluster_1", "cluster_2", "cluster_3")] == [["3", "0"]] * 3
     assert all(rows[c][4] == "yes" for c in rows)
     assert [r["metrics"]["requests"] for r in as_json] == [3, 3, 3] and all(r["metrics"]["mean_ms"] > 0 for r in as_json)
+
+
+def test_unseen_arguments(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
+    """`unseen`: a --cap outside 1..10000 and an int receiver past 64 bits are usage errors (exit 2, before any
+    cluster is asked); only ASCII digits make an int id (other Unicode digits are a str id, as the router stores
+    it); --json works after the subcommand as before it."""
+    config = make_config()
+    register(config)
+    path = str(write_yaml(tmp_path / "clusters.yaml", config))
+    for args, message in [
+        (["5", "--cap", "0"], "--cap: must be an int from 1 to 10000 (got 0)"),
+        (["5", "--cap", "-3"], "--cap: must be an int from 1 to 10000 (got -3)"),
+        (["5", "--cap", "100000"], "--cap: must be an int from 1 to 10000 (got 100000)"),
+        (["5", "--cap", "５"], "--cap: must be an int from 1 to 10000 (got '５')"),
+        (["18446744073709551616"], "RECEIVER: an int id must fit in 64 bits, from -2**63 to 2**63 - 1 (got 18446744073709551616)"),
+        (["--", "-9223372036854775809"], "RECEIVER: an int id must fit in 64 bits"),
+        ([""], "RECEIVER: must be a non-empty"),
+    ]:
+        result = feedrouter("-c", path, "unseen", *args)
+        assert (result.returncode, result.stdout) == (2, ""), (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    for text, shown in [("²", "'²'"), ("５", "'５'"), ("-7", "-7"), ("9223372036854775807", "9223372036854775807"),
+                        ("--5", "'--5'")]:
+        result = feedrouter("-c", path, "unseen", "--", text) if text.startswith("-") else feedrouter("-c", path, "unseen", text)
+        assert result.returncode == 0, (text, result.stderr)
+        assert result.stdout.startswith(f"receiver {shown}: 0 unseen; nothing marked seen"), (text, result.stdout)
+    before = json.loads(feedrouter("--json", "-c", path, "unseen", "５", "--cap", "3").stdout)
+    after = feedrouter("-c", path, "unseen", "５", "--json", "--cap", "3")
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == before and before["receiver_id"] == "５" and before["unseen"] == 0
