@@ -53,7 +53,7 @@ def running_with(folder: str) -> list[int]:
 
 def test_demo_runs_and_leaves_no_server(servers: LocalClusters) -> None:
     """The demo's checks all hold (the Celery fan-out's and the rollover to buckets' too), it exits 0, and its servers
-    (mongo-java-server's too), Redis and worker are gone afterwards."""
+    (four on the session's backend, PostgreSQL behind them where there is one), Redis and worker are gone afterwards."""
     result = feedrouter("demo", "--posts", "60")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all checks passed" in result.stdout and "copies written by a Celery worker" in result.stdout
@@ -66,10 +66,11 @@ def test_demo_runs_and_leaves_no_server(servers: LocalClusters) -> None:
     assert spent["copies"][0] == spent["copies"][1] and spent["buckets"][1] == -(-spent["buckets"][0] // 50)
     assert "[ok] every bucket holds at most 50 copies" in result.stdout
     assert "[ok] every one of the page's 100 items is stored exactly once (in all four clusters)" in result.stdout
-    assert re.search(r"^   cluster_4: mongodb://\S+ \(mongo-java-server ", result.stdout, re.M)
+    standby = "javaserver" if servers.backend in ("ferretdb-pg", "ferretdb-sqlite") else servers.backend
+    assert re.search(rf"^   cluster_4: mongodb://\S+ \({standby}, data in ", result.stdout, re.M)
     folders = set(re.findall(r"data in (\S+)/cluster_\d", result.stdout))
     assert len(folders) == 1
-    assert running_with(folders.pop()) == []  # the JVM's command line names that folder too
+    assert running_with(folders.pop()) == []  # every server's command line (PostgreSQL's, a JVM's) names that folder
     broker = re.search(r"broker: \S+ \(redis-server, data in (\S+)\)", result.stdout)
     worker = re.search(r"worker \(pid (\d+)\) ready", result.stdout)
     assert broker is not None and worker is not None
