@@ -284,7 +284,8 @@ def _sort_duplicates(
             docs[p]["_id"] = renamed[p] = make_ids([int.from_bytes(old.binary[:4], "big")])[0]
             again.append(p)
     if again:
-        log.debug("cluster %s: %d _id collisions; resending with fresh ids", cluster, len(again))
+        log.debug("cluster %s: %d duplicates not stored (%d given fresh ids); sending them again", cluster, len(again),
+                  len(set(again) - absent))
     return again
 
 

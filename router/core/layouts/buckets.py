@@ -94,8 +94,15 @@ _ORDER = (("newest", -1), ("_id", -1))
 _SEAL = {"$max": {"count": MAX_ITEMS}}
 
 
+_INT_FIRST = b"\xff\xff\xff\xfe"
+
+
 def first_bucket(receiver_id: int | str) -> ObjectId:
-    """The ``_id`` of *receiver_id*'s first bucket in a period: every writer derives the same one."""
+    """The ``_id`` of *receiver_id*'s first bucket in a period: every writer derives the same one (a 64-bit receiver
+    id as it is, behind a tag no router-made id starts with; any other id by a 96-bit hash: were two receivers to share
+    one, the second would start its first bucket as it starts later ones)."""
+    if type(receiver_id) is int and -(1 << 63) <= receiver_id < 1 << 63:
+        return ObjectId(_INT_FIRST + receiver_id.to_bytes(8, "big", signed=True))
     return ObjectId(hashlib.blake2b(f"{type(receiver_id).__name__}:{receiver_id}".encode(), digest_size=12).digest())
 
 
@@ -260,8 +267,10 @@ class Buckets(Layout):
                                           what=what)
         if error is not None:
             return done, error
-        # What is left of the old data sits in buckets without room for the new.
-        left = yield Count(cluster, "feed", _stale(data_key, data), deadline_in(steps.timeout))
+        # Copies left with old data in buckets without room for the new. (A copy a running fan-out writes meanwhile,
+        # in a bucket with room, is the fence's to fix, as in every layout.)
+        full = {**_stale(data_key, data), "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
+        left = yield Count(cluster, "feed", full, deadline_in(steps.timeout))
         if isinstance(left, Failure):
             return done, left.error
         if left:
