@@ -163,7 +163,8 @@ class Layout(abc.ABC):
 
     @abc.abstractmethod
     def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
-        """The entries among *ids* found in the answer *docs* to :meth:`lookup`."""
+        """The entries among *ids* found in the answer *docs* to :meth:`lookup` (``data`` may be left out: the
+        core compares what :func:`same_entry` compares)."""
 
     @abc.abstractmethod
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,

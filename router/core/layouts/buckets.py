@@ -90,6 +90,9 @@ MAX_BYTES = 8 * 1024 * 1024
 #: Buckets one read of a page asks for.
 READ_AHEAD = 2
 _ORDER = (("newest", -1), ("_id", -1))
+#: What a read-back of copies needs of a bucket: each copy's identity, not its data (a bucket may hold 50 large ones).
+_IDENTITY = {"receiver_id": 1, "items._id": 1, "items.data_key": 1, "items.sender_id": 1, "items.event_time": 1,
+             "items.type": 1}
 #: What an edit that removes copies does besides: seal the bucket (no append goes where a copy left).
 _SEAL = {"$max": {"count": MAX_ITEMS}}
 
@@ -179,7 +182,7 @@ class Buckets(Layout):
     def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
         receivers = list({e["receiver_id"]: None for e in entries})
         return Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": [e["_id"] for e in entries]}},
-                    deadline, projection={"receiver_id": 1, "items": 1})
+                    deadline, projection=_IDENTITY)
 
     def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
         wanted = set(ids)
