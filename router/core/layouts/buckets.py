@@ -114,9 +114,15 @@ def _item(entry: Entry) -> dict[str, Any]:
             "event_time": entry["event_time"], "type": entry["type"], "data": entry["data"]}
 
 
-def _append(entry: Entry, again: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _append(entry: Entry, again: bool, sizes: dict[tuple[Any, ...], int]) -> tuple[dict[str, Any], dict[str, Any]]:
     item = _item(entry)
-    size = len(bson.encode(item))
+    # A copy's BSON size depends only on these (its _id and event_time have fixed sizes): a fan-out batch, whose copies
+    # share one data object, encodes one of them. (*sizes* lives for one batch, which keeps each data object alive.)
+    sender, kind = entry["sender_id"], entry["type"]
+    shape = (id(entry["data"]), entry["data_key"], sender.__class__, sender, kind.__class__, kind)
+    size = sizes.get(shape)
+    if size is None:
+        size = sizes[shape] = len(bson.encode(item))
     t = entry["event_time"]
     receiver = entry["receiver_id"]
     match = {"receiver_id": receiver, "count": {"$lt": MAX_ITEMS}, "bytes": {"$lte": MAX_BYTES - size},
@@ -177,7 +183,8 @@ class Buckets(Layout):
 
     # -- writes ---------------------------------------------------------------------------------
     def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
-        return Upserts(cluster, "feed", [_append(e, again) for e in entries], deadline)
+        sizes: dict[tuple[Any, ...], int] = {}
+        return Upserts(cluster, "feed", [_append(e, again, sizes) for e in entries], deadline)
 
     def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
         receivers = list({e["receiver_id"]: None for e in entries})
