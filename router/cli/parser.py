@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         "and Maven (scripts/bootstrap installs them).",
     )
     demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
-    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
-                      help="server for the first three clusters (default: $FEED_TEST_BACKEND, else auto); "
-                      "the fourth is always mongo-java-server")
+    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb2", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
+                      help="server for the clusters (default: $FEED_TEST_BACKEND, else auto: mongod if on PATH, else "
+                      "FerretDB 2 on DocumentDB); with FerretDB 1 (ferretdb-pg, ferretdb-sqlite) the fourth, which holds "
+                      "a buckets period, runs on mongo-java-server")
 
     sub.add_parser(
         "check",

@@ -280,6 +280,12 @@ class LocalClusters:
             raise HarnessError("create_user: start the clusters first")
         self.postgres.create_user(name, password, databases=self.names)
 
+    @property
+    def auth_mechanism(self) -> str:
+        """The ``authMechanism`` a client names with the credentials :meth:`create_user` made: ``PLAIN`` on FerretDB 1
+        (it passes them to PostgreSQL), ``SCRAM-SHA-256`` elsewhere (FerretDB 2 refuses PLAIN)."""
+        return "PLAIN" if self.backend in ("ferretdb-pg", "ferretdb-sqlite") else "SCRAM-SHA-256"
+
     def __enter__(self) -> LocalClusters:
         if not self._started:
             self.start()
@@ -407,6 +413,8 @@ def _create_wire_user(uri: str, name: str, password: str) -> None:
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, directConnection=True, serverSelectionTimeoutMS=10_000)
     with client:
         users = client.admin.command("usersInfo", name).get("users", [])
-        command = "updateUser" if users else "createUser"
-        client.admin.command(command, name, pwd=password, roles=[])
+        if users:
+            client.admin.command("updateUser", name, pwd=password)
+        else:
+            client.admin.command("createUser", name, pwd=password, roles=[])
     logger.info("%s %s on %s", "updated" if users else "created", name, uri)

@@ -57,6 +57,8 @@ DOCUMENTDB_SETTINGS = {
     "shared_preload_libraries": "pg_cron,pg_documentdb_core,pg_documentdb",
     "cron.database_name": "postgres",
     "cron.log_run": "off",  # pg_cron would log every run of DocumentDB's 2-second jobs
+    "cron.log_statement": "off",
+    "log_min_messages": "warning",  # DocumentDB logs each collection it looks up at LOG
 }
 """The PostgreSQL settings DocumentDB needs, besides the harness's own (port, test-speed settings)."""
 

@@ -1,13 +1,12 @@
 """FerretDB 1 loses concurrent updates of one document: every path that could give it a ``buckets`` period refuses.
 
-These tests start FerretDB 1 (SQLite handler) servers of their own, whatever ``$FEED_TEST_BACKEND`` says: the
-refusal is about that server.
+These tests run on FerretDB 1 servers (the session's ``ferretdb1`` fixture), whatever ``$FEED_TEST_BACKEND`` says:
+the refusal is about that server.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,6 @@ from router.storage.clusters import Cluster, Clusters
 from router.testing.localservers import LocalClusters
 
 from .conftest import NAMES, P1, P2, register
-
-
-@pytest.fixture(scope="module")
-def ferretdb1() -> Iterator[LocalClusters]:
-    with LocalClusters(3, names=list(NAMES), backend="ferretdb-sqlite") as local:
-        yield local
 
 
 @pytest.fixture

@@ -89,6 +89,29 @@ def test_check_prints_the_time_map(make_config: Callable[..., RouterConfig], tmp
     assert as_json["clusters"][2]["end_date"] is None
 
 
+def test_check_shows_what_each_server_can_do(make_config: Callable[..., RouterConfig], tmp_path: Path,
+                                             servers: LocalClusters) -> None:
+    """check names each cluster's server and its capabilities, as the server reports them (text and JSON)."""
+    config = make_config()
+    register(config)
+    path = write_yaml(tmp_path / "clusters.yaml", config)
+    result = feedrouter("-c", str(path), "check")
+    as_json = json.loads(feedrouter("--json", "-c", str(path), "check").stdout)
+    caps = as_json["capabilities"]
+    assert sorted(caps) == ["cluster_1", "cluster_2", "cluster_3"]
+    expected = {  # what each local backend is, as check must find it out from the server itself
+        "ferretdb2": ("ferretdb", True, False, False, False),
+        "javaserver": ("mongo-java-server", True, False, False, False),
+        "ferretdb-pg": ("ferretdb", False, False, False, False),
+        "ferretdb-sqlite": ("ferretdb", False, False, False, False),
+    }[servers.backend]
+    for name, one in caps.items():
+        assert (one["server"], one["atomic_updates"], one["transactions"], one["change_streams"],
+                one["index_ordered_sorts"]) == expected
+        assert f"server of {name}: {one['server']} {one['version']}: sharded (mongos) no, atomic updates " \
+               f"{'yes' if expected[1] else 'no'}, transactions no, change streams no, index-ordered sorts no" in result.stdout
+
+
 def test_check_config_error_exits_2_without_traceback(tmp_path: Path) -> None:
     """A broken clusters.yaml: exit 2, every problem with its position, no traceback."""
     path = tmp_path / "clusters.yaml"
