@@ -162,10 +162,10 @@ def test_a_deleted_copy_does_not_block_closing_a_period(config: RouterConfig) ->
         late = item(9, NOW + timedelta(days=30), 1)
         router.write_many([item(9, NOW - timedelta(days=1), 0), late])
         with Clusters(config) as clusters:
-            assert stored_outside(clusters, "cluster_3", None, NOW, layout="buckets")[0] == 1
+            assert stored_outside(clusters, "cluster_3", None, NOW, layout="buckets").count == 1
             assert router.delete(late.data_key) == 1
-            assert stored_outside(clusters, "cluster_3", None, NOW, layout="buckets")[0] == 0
-            assert stored_outside(clusters, "cluster_3", P2, None, layout="buckets")[0] == 0
+            assert stored_outside(clusters, "cluster_3", None, NOW, layout="buckets").count == 0
+            assert stored_outside(clusters, "cluster_3", P2, None, layout="buckets").count == 0
 
 
 def test_emptied_buckets_take_no_appends_and_do_not_collide(config: RouterConfig, raw: MongoClient[dict[str, Any]],
