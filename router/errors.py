@@ -36,6 +36,8 @@ __all__ = [
     "UpdateFailed",
     "WrongEventLoop",
     "ItemDeleted",
+    "UnknownLayout",
+    "BucketsFull",
 ]
 
 
@@ -87,6 +89,19 @@ class MetadataError(RouterError):
         super().__init__("invalid cluster metadata:\n  " + "\n  ".join(self.problems))
 
 
+class UnknownLayout(MetadataError):
+    """Raised by any operation that touches a cluster whose metadata names a layout this router does not know
+    (written by a newer feed-router): ``cluster`` and ``layout`` name them. The router still starts and serves
+    the other periods; ``feedrouter check`` reports the cluster."""
+
+    def __init__(self, cluster: str, layout: str, known: Sequence[str]) -> None:
+        self.cluster = cluster
+        self.layout = layout
+        RouterError.__init__(self, f"cluster {cluster!r}: its period's layout {layout!r:.80} is not one this router knows "
+                                   f"({', '.join(known)}); upgrade feed-router to use this cluster")
+        self.problems = [str(self)]
+
+
 class NoClusterForTime(RouterError, LookupError):
     """Raised when no cluster's period holds an ``event_time``; nothing is written elsewhere."""
 
@@ -120,6 +135,19 @@ class ClusterUnavailable(RouterError):
     def __init__(self, cluster: str, message: str) -> None:
         self.cluster = cluster
         super().__init__(f"cluster {cluster!r}: {message}")
+
+
+class BucketsFull(ClusterUnavailable):
+    """Raised (inside :class:`UpdateFailed`'s ``failed``) when an update of a ``buckets`` period left copies with
+    their old data, because their buckets had no room for the new: a bucket never grows past its byte cap
+    (``router.core.layouts.buckets.MAX_BYTES``). ``copies`` is how many buckets kept old data."""
+
+    def __init__(self, cluster: str, data_key: str, copies: int, size: int) -> None:
+        self.data_key = data_key
+        self.copies = copies
+        super().__init__(cluster, f"update {data_key}: {copies} copies kept their old data: their buckets have no room "
+                                  f"for {size} more bytes (the byte cap of a bucket); delete the item "
+                                  "and write it again, or update it with smaller data")
 
 
 class InvalidItem(RouterError, ValueError):

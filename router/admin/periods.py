@@ -17,10 +17,10 @@ change that would overlap another period or strand data:
   update atomically, FerretDB v1 among them, would lose copies).
 
 Applying is idempotent and ordered so that a crash at any point leaves a valid map
-and re-running finishes the job. Migrations run on the new cluster first. Then the
-previous period is closed, which at worst leaves a gap that refuses writes, never an
-overlap. Last, the new cluster's metadata is written, with its ``layout`` (the indexes that
-layout needs are created before it).
+and re-running finishes the job. Migrations run on the new cluster first, then the
+indexes its layout needs are created (:func:`index_commands`): a failure there changes
+no period. Then the previous period is closed, which at worst leaves a gap that refuses
+writes, never an overlap. Last, the new cluster's metadata is written, with its ``layout``.
 
 Example::
 
@@ -40,16 +40,16 @@ import attrs
 import pymongo
 from pymongo.errors import PyMongoError
 
-from ..core.layouts import DEFAULT, LAYOUTS
+from ..core.layouts import DEFAULT, LAYOUTS, Layout
 from ..core.layouts.base import outside_clause
 from ..errors import PeriodChangeRefused
 from ..model import ClusterMeta, to_utc
-from ..storage.clusters import Clusters
+from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap, format_period
 from .migrate import Migration, migrate_cluster
 
-__all__ = ["TIME_PLACED", "Outside", "PeriodChange", "apply_period", "layout_problem", "plan_period", "retire",
-           "stored_outside"]
+__all__ = ["TIME_PLACED", "Outside", "PeriodChange", "apply_period", "index_commands", "layout_problem", "plan_period",
+           "retire", "stored_outside"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -253,6 +253,16 @@ def apply_period(
     if change.already_done:
         lines.extend(change.describe())
         return lines
+    # The new period's indexes before anything is closed: a failure here leaves the map as it was, with no gap.
+    if change.new.layout != DEFAULT:
+        sharded = target.capabilities().sharded
+        for command in index_commands(LAYOUTS[change.new.layout], collection=clusters.config.feed_collection,
+                                      sharded=sharded):
+            spec = command["indexes"][0]
+            lines.append(f"{verb}create index {spec['name']!r} on {target.name}.feed ({change.new.layout} layout): "
+                         f"{spec['key']}{' unique' if spec.get('unique') else ''}")
+            if not dry_run:
+                _create(target, command)
     if change.close is not None:
         # Checked again right before closing: documents may have arrived since planning.
         found = stored_outside(clusters, change.close.name, None, change.new.start_date, layout=change.close.layout)
@@ -264,11 +274,6 @@ def apply_period(
         lines.append(f"{verb}close cluster {change.close.name!r}: end_date = {change.new.start_date.isoformat()}")
         if not dry_run:
             clusters[change.close.name].write_meta(change.close)
-    for index in LAYOUTS[change.new.layout].indexes() if change.new.layout != DEFAULT else ():
-        lines.append(f"{verb}create index {index.name!r} on {target.name}.feed ({change.new.layout} layout)")
-        if not dry_run:
-            keys = list(index.keys)
-            target.call("creating indexes", lambda: target.feed.create_index(keys, name=index.name, unique=index.unique))
     layout = f", layout {change.new.layout}" if change.new.layout != DEFAULT else ""
     lines.append(f"{verb}write metadata of cluster {change.new.name!r}: "
                  f"{format_period(change.new.start_date, change.new.end_date)}{layout}")
@@ -278,11 +283,21 @@ def apply_period(
     return lines
 
 
+def _create(target: Cluster, command: dict[str, Any]) -> None:
+    target.call("creating indexes", lambda: target.db.command(command))
+
+
+def index_commands(layout: Layout, *, collection: str, sharded: bool) -> list[dict[str, Any]]:
+    """The ``createIndexes`` command documents that give *collection* (a period's feed) the indexes *layout* needs;
+    *sharded*: on a mongos, where migration 0001 sharded the collection on hashed ``receiver_id``."""
+    return [index.to_command(collection) for index in layout.indexes(sharded=sharded)]
+
+
 def layout_problem(clusters: Clusters, name: str, layout: str) -> str | None:
     """Why cluster *name* cannot store a period in *layout* (an unknown layout, or one its server cannot keep), or None."""
     chosen = LAYOUTS.get(layout)
     if chosen is None:
-        return f"layout {layout!r} is not one of {', '.join(sorted(LAYOUTS))}"
+        return f"cluster {name!r}: layout {layout!r:.80} is not one of {', '.join(sorted(LAYOUTS))}"
     if chosen.needs_atomic_updates:
         caps = clusters[name].capabilities()
         if not caps.atomic_updates:

@@ -49,7 +49,7 @@ from ..errors import ClusterUnavailable, PeriodChangeRefused, RolloverError
 from ..observe import NO_METRICS, Event, Metrics
 from ..storage.clusters import Clusters
 from .migrate import Migration, applied_migrations, discover
-from .periods import PeriodChange, apply_period, plan_period, stored_outside
+from .periods import PeriodChange, apply_period, layout_problem, plan_period, stored_outside
 
 __all__ = [
     "RolloverPlan",
@@ -109,11 +109,14 @@ def ready_standby(clusters: Clusters, config: RouterConfig, migrations: Sequence
         try:
             done = applied_migrations(clusters[name], config)
             found = stored_outside(clusters, name, None, None)
+            unfit = layout_problem(clusters, name, settings.layout)  # (buckets: asks the server what it is)
         except ClusterUnavailable as exc:
             reasons.append(f"standby {exc}")
             continue
         missing = [m.id for m in migrations if m.id not in done]
-        if missing:
+        if unfit is not None:
+            reasons.append(f"standby {unfit} (rollover.layout)")
+        elif missing:
             reasons.append(
                 f"standby cluster {name!r} is not migrated ({', '.join(missing)} pending): "
                 f"run feedrouter migrate --cluster {name}"

@@ -50,7 +50,7 @@ from .jobs import (
     FanOutJob,
     positive_int,
 )
-from .layouts import LAYOUTS, copy_entries
+from .layouts import LAYOUTS, copy_entries, layout_for
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
@@ -94,7 +94,7 @@ def plan_job(
         raise InvalidItem("job_id", f"must be a non-empty str of at most 1024 characters (got {job_id!r:.80})")
     def owner(r: Routing) -> tuple[str, str]:
         name = r.locate(ts)[0]
-        return name, r.timemap.layout_of(name)
+        return name, layout_for(r.timemap, name).name
 
     cluster, layout = yield from routed(owner, routing, where=lambda _past: (activity.event_time, "event_time"))
     event_time = to_utc(activity.event_time)

@@ -19,6 +19,7 @@ from ..config import RouterConfig
 from ..errors import ClusterUnavailable, InvalidItem, MetadataError
 from ..model import ClusterMeta
 from ..timemap import TimeMap
+from .layouts import LAYOUTS
 from .steps import Concurrently, Failure, Find, Program
 
 __all__ = ["inspect_metadata", "load_timemap", "read_metadata"]
@@ -110,6 +111,10 @@ def load_timemap(
     if problems:
         raise MetadataError(problems)
     timemap = TimeMap(metas)
+    for meta in metas:
+        if meta.layout not in LAYOUTS:
+            log.warning("cluster %s: its period's layout %r is not one this router knows: every operation that touches "
+                        "it fails (UnknownLayout); upgrade feed-router", meta.name, meta.layout)
     for end, start in timemap.gaps:
         log.warning("time map has a gap from %s to %s: writes in it will fail", end.isoformat(), start.isoformat())
     return timemap

@@ -16,6 +16,10 @@ reports every document's outcome, so callers never interpret driver errors.
   millisecond) is this item, stored by the earlier attempt. Otherwise a router-drawn id
   collided with an older item (event seconds recur, the 3-byte counter wraps): it gets a
   fresh id and is sent again; a caller's id that holds another item is refused.
+
+A layout whose duplicates do not prove a copy stored (``buckets``: the duplicate may be the
+receiver's first bucket, started at once by another writer) has every duplicate read back,
+in both cases: a copy not found is stored again as it is (``store(..., again=True)``).
 """
 
 from __future__ import annotations
@@ -160,12 +164,12 @@ def insert_program(
     present: list[int] = []
     failed: dict[int, RouterError] = {}
     renamed: dict[int, ObjectId] = {}
-    retries = 0
+    retries = resends = 0
     sent_before = False  # has a send of these documents possibly reached the server?
     while pending:
         batch = [docs[p] for p in pending]
         outcome: InsertOutcome = yield (Insert(cluster, collection, batch, deadline) if layout is None
-                                        else layout.store(cluster, batch, deadline))
+                                        else layout.store(cluster, batch, deadline, again=resends > 0))
         whole = outcome.failure
         if whole is not None:
             delay = policy.pause(retries + 1, deadline=deadline) if whole.retryable else None
@@ -200,13 +204,19 @@ def insert_program(
             else:
                 failed[p] = ItemRefused(cluster, error.code, error.message[:200])
         again: list[int] = []
-        if duplicate and duplicates == "present":
+        if duplicate and duplicates == "present" and (layout is None or layout.duplicates_prove_stored):
             present.extend(duplicate)
         elif duplicate:
             again = yield from _sort_duplicates(
                 cluster, collection, docs, duplicate, sent_before=sent_before, given=given, deadline=deadline,
-                present=present, failed=failed, renamed=renamed, layout=layout,
+                present=present, failed=failed, renamed=renamed, layout=layout, derived=duplicates == "present",
             )
+            if again and layout is not None and not layout.duplicates_prove_stored:
+                resends += 1
+                if resends > policy.attempts:  # never expected: each resend starts a bucket of its own
+                    for p in again:
+                        failed[p] = ClusterUnavailable(cluster, f"insert kept meeting a duplicate key after {resends} sends")
+                    again = []
         sent_before = True
         if transient:
             delay = policy.pause(retries + 1, deadline=deadline)
@@ -237,27 +247,36 @@ def _sort_duplicates(
     failed: dict[int, RouterError],
     renamed: dict[int, ObjectId],
     layout: Layout | None,
+    derived: bool = False,
 ) -> Program[list[int]]:
-    """Decide each duplicate: present (ours, stored earlier), refused (a caller's id taken), or renamed; return
-    the positions to send again."""
-    check = [p for p in duplicate if sent_before or p in given]
+    """Decide each duplicate: present (ours, stored earlier), refused (a caller's id taken), renamed, or (for a
+    layout whose duplicates prove nothing) not stored and sent again as it is; return the positions to send again.
+    *derived*: the ids are derived from what they identify, so a stored copy under one is ours."""
+    racy = layout is not None and not layout.duplicates_prove_stored
+    check = duplicate if racy else [p for p in duplicate if sent_before or p in given]
     same: set[int] = set()
+    absent: set[int] = set()
     if check:
         wanted = {docs[p]["_id"]: p for p in check}
         ids = list(wanted)
         found = yield (Find(cluster, collection, {"_id": {"$in": ids}}, deadline) if layout is None
-                       else layout.lookup(cluster, ids, deadline))
+                       else layout.lookup(cluster, [docs[p] for p in check], deadline))
         if isinstance(found, Failure):
             for p in check:  # stored or not, we cannot tell: not reported written
                 failed[p] = found.error
             duplicate = [p for p in duplicate if p not in wanted.values()]
         else:
             stored = found if layout is None else layout.looked_up(found, ids)
-            same = {wanted[d["_id"]] for d in stored if d["_id"] in wanted and same_entry(d, docs[wanted[d["_id"]]])}
+            same = {wanted[d["_id"]] for d in stored if d["_id"] in wanted
+                    and (derived or same_entry(d, docs[wanted[d["_id"]]]))}
+            if racy:
+                absent = set(check) - {wanted[d["_id"]] for d in stored if d["_id"] in wanted}
     again: list[int] = []
     for p in duplicate:
         if p in same:
             present.append(p)
+        elif p in absent:
+            again.append(p)
         elif p in given:
             failed[p] = ItemRefused(cluster, 11000, f"_id {docs[p]['_id']} already holds another item")
         else:
@@ -265,7 +284,8 @@ def _sort_duplicates(
             docs[p]["_id"] = renamed[p] = make_ids([int.from_bytes(old.binary[:4], "big")])[0]
             again.append(p)
     if again:
-        log.debug("cluster %s: %d _id collisions; resending with fresh ids", cluster, len(again))
+        log.debug("cluster %s: %d duplicates not stored (%d given fresh ids); sending them again", cluster, len(again),
+                  len(set(again) - absent))
     return again
 
 

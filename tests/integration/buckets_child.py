@@ -1,7 +1,8 @@
 """Fan one post out to shared receivers in a process of its own (the buckets race of test_buckets).
 
 Usage: ``python buckets_child.py '{"config": {...}, "post": 1, "receivers": 300}'``; prints ``ready``, waits for a
-line on stdin, fans out, prints the result's written count as JSON.
+line on stdin, fans out, prints the result's written count as JSON. With ``"posts": [1, 4, 7]`` instead of ``post``,
+fans those posts out one after another (written: their sum).
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ def main(argv: Sequence[str]) -> int:
     with FeedRouter(config, clock=lambda: BASE + timedelta(days=30)) as router:
         print("ready", flush=True)
         sys.stdin.readline()
-        result = router.fan_out(activity(spec["post"]), range(1, spec["receivers"] + 1), batch_size=50, concurrency=2)
-        print(json.dumps({"written": result.written}), flush=True)
+        written = 0
+        for post in spec.get("posts", [spec.get("post")]):
+            result = router.fan_out(activity(post), range(1, spec["receivers"] + 1), batch_size=spec.get("batch", 50),
+                                    concurrency=2)
+            written += result.written
+        print(json.dumps({"written": written}), flush=True)
     return 0
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient
 
-from router import ClusterConfig, RouterConfig
+from router import ClusterConfig, FeedItem, RouterConfig
 from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
 from router.storage.clusters import Clusters
@@ -30,6 +35,44 @@ def buckets_config(uri: str) -> RouterConfig:
             change = plan_period(clusters, name=name, start=start, end=end, creator="tests", now=start, layout=layout)
             apply_period(clusters, change, migrations=discover())
     return config
+
+
+CHILD = Path(__file__).with_name("buckets_child.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fan_out_at_once(config: RouterConfig, specs: Sequence[dict[str, Any]]) -> list[int]:
+    """Run one buckets_child process per spec (``post`` or ``posts``, ``receivers``), released together; their written
+    counts."""
+    base = {"database": config.database,
+            "clusters": [{"name": c.name, "uri": c.uri, "database": config.database_for(c)} for c in config.clusters]}
+    children = [subprocess.Popen([sys.executable, str(CHILD), json.dumps({**base, **spec})], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, cwd=REPO) for spec in specs]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        outputs = [child.communicate(timeout=600)[0] for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    return [int(json.loads(out.strip().splitlines()[-1])["written"]) for out in outputs]
+
+
+def page_all(router: Any, receiver: int, limit: int, **kw: Any) -> list[FeedItem]:
+    """Every item of *receiver*'s feed, page by page of *limit*."""
+    out: list[FeedItem] = []
+    cursor = None
+    while True:
+        page = router.read(receiver, limit=limit, cursor=cursor, **kw)
+        out.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return out
 
 
 def feed(raw: MongoClient[dict[str, Any]], config: RouterConfig, i: int) -> Any:

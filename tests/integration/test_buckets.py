@@ -4,17 +4,14 @@ Periods: ``cluster_1`` [P0, P1) in ``copies``, ``cluster_2`` [P1, P2) and ``clus
 [P2, open) in ``buckets``, each a database of its own on one mongo-java-server, given their
 periods and layouts by the operator path (:func:`plan_period`, :func:`apply_period`). Every
 public operation runs through both doors; pages that cross the layout boundary merge both.
-FerretDB, which loses concurrent updates of one document, is refused ``buckets``.
+FerretDB 1, which loses concurrent updates of one document, is refused ``buckets``
+(``test_buckets_refused.py``).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -30,14 +27,11 @@ from router.errors import PeriodChangeRefused
 from router.model import ClusterMeta
 from router.storage.clusters import Cluster, Clusters
 from router.testing.javaserver import LocalJavaServer
-from router.testing.localservers import LocalClusters
 
 from .buckets_child import BASE, activity
 from .conftest import P0, P1, P2, register
-from .layouts import buckets_config, feed
+from .layouts import buckets_config, fan_out_at_once, feed, page_all
 
-CHILD = Path(__file__).with_name("buckets_child.py")
-REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2024, 9, 1, tzinfo=P0.tzinfo)
 
 
@@ -71,45 +65,9 @@ def items_over(n: int, start: datetime, end: datetime, receiver: int, sender: in
             for k in range(n)]
 
 
-def page_all(router: Any, receiver: int, limit: int, **kw: Any) -> list[FeedItem]:
-    out: list[FeedItem] = []
-    cursor = None
-    while True:
-        page = router.read(receiver, limit=limit, cursor=cursor, **kw)
-        out.extend(page.items)
-        cursor = page.next_cursor
-        if cursor is None:
-            return out
-
-
 def newest_first(items: list[FeedItem]) -> bool:
     keys = [(x.event_time, x.id.binary) for x in items if x.id is not None]
     return keys == sorted(keys, reverse=True) and len(set(keys)) == len(keys)
-
-
-def test_ferretdb_is_refused_buckets(make_config: Callable[..., RouterConfig], ferretdb1: LocalClusters) -> None:
-    """A period in buckets on FerretDB 1 is refused before anything is written, naming why."""
-    config = make_config(uris=ferretdb1.uris)
-    with Clusters(config) as clusters, pytest.raises(PeriodChangeRefused, match="does not apply one document's filter"):
-        plan_period(clusters, name="cluster_3", start=P2, layout="buckets")
-    with Clusters(config) as clusters, pytest.raises(PeriodChangeRefused, match="layout 'heap' is not one of"):
-        plan_period(clusters, name="cluster_3", start=P2, layout="heap")
-
-
-def test_check_names_a_buckets_period_on_ferretdb(make_config: Callable[..., RouterConfig], ferretdb1: LocalClusters) -> None:
-    """A buckets period written onto FerretDB 1 behind the router's back is a problem `feedrouter check` names."""
-    config = make_config(uris=ferretdb1.uris)
-    register(config)
-    cluster = Cluster(config.clusters[2], config)
-    try:
-        cluster.write_meta(ClusterMeta(name="cluster_3", start_date=P2, creator_name="tests", layout="buckets"))
-    finally:
-        cluster.close()
-    report, timemap = check_report(config)
-    assert not report["ok"] and timemap is not None and timemap.layout_of("cluster_3") == "buckets"
-    assert [p for p in report["problems"] if "layout" in p] == [
-        p for p in report["problems"] if p.startswith("cluster 'cluster_3' cannot use layout 'buckets'")]
-    assert len([p for p in report["problems"] if "layout" in p]) == 1
 
 
 def test_every_operation_across_a_layout_boundary(config: RouterConfig, open_router: Callable[..., Any],
@@ -197,23 +155,7 @@ def test_buckets_are_capped_by_bytes(config: RouterConfig, raw: MongoClient[dict
 
 def test_concurrent_fan_outs_keep_every_copy(config: RouterConfig, raw: MongoClient[dict[str, Any]]) -> None:
     """Two processes fan different posts out to the same 300 receivers at once: 600 copies, 2 per receiver, none lost."""
-    spec = {"database": config.database, "receivers": 300,
-            "clusters": [{"name": c.name, "uri": c.uri, "database": config.database_for(c)} for c in config.clusters]}
-    children = [subprocess.Popen([sys.executable, str(CHILD), json.dumps({**spec, "post": p})], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, cwd=REPO) for p in (1, 2)]
-    try:
-        for child in children:
-            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write("go\n")
-            child.stdin.flush()
-        outputs = [child.communicate(timeout=300)[0] for child in children]
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
-    assert [json.loads(out.strip().splitlines()[-1])["written"] for out in outputs] == [300, 300]
+    assert fan_out_at_once(config, [{"post": 1, "receivers": 300}, {"post": 2, "receivers": 300}]) == [300, 300]
     docs = list(feed(raw, config, 2).find({}))
     per_receiver: dict[int, int] = {}
     for doc in docs:

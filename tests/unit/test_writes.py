@@ -30,3 +30,32 @@ def test_documents_that_timed_out_are_failed_not_retried_nor_refused() -> None:
     assert isinstance(result.failed[1], ClusterUnavailable) and not isinstance(result.failed[1], ItemRefused)
     assert "timed out" in str(result.failed[1])
     assert isinstance(result.failed[2], ItemRefused)
+
+
+def test_a_buckets_duplicate_is_read_back_and_a_copy_not_found_is_stored_again() -> None:
+    """Fan-out copies into buckets: a duplicate may be the receiver's first bucket, started at once by another writer.
+    The copies are read back; one found is present, one not found is sent again (no shared first-bucket _id)."""
+    from datetime import datetime, timezone
+
+    from router.core.layouts import copy_entries
+    from router.core.layouts.buckets import Buckets, first_bucket
+    from router.core.steps import Find, Upserts
+
+    ids = [ObjectId() for _ in range(3)]
+    docs = copy_entries(ids, [7, 8, 9], 1, datetime(2024, 7, 2, tzinfo=timezone.utc), 1, {"p": 1}, "k")
+    program = insert_program("cluster_3", "feed", docs, policy=RetryPolicy(), deadline=deadline_in(10),
+                             duplicates="present", layout=Buckets())
+    first = next(program)
+    assert isinstance(first, Upserts) and first.ops[0][1]["$setOnInsert"] == {"_id": first_bucket(7)}
+    lookup = program.send(InsertOutcome(write_errors=(WriteError(0, 11000, "dup"), WriteError(1, 11000, "dup"))))
+    assert isinstance(lookup, Find) and lookup.filter == {"receiver_id": {"$in": [7, 8]}, "items._id": {"$in": ids[:2]}}
+    again = program.send([{"receiver_id": 8, "items": [{**docs[1], "receiver_id": None}]}])
+    assert isinstance(again, Upserts) and len(again.ops) == 1 and "$setOnInsert" not in again.ops[0][1]
+    assert again.ops[0][1]["$push"]["items"]["_id"] == ids[0]
+    try:
+        program.send(InsertOutcome())
+    except StopIteration as stop:
+        result: InsertResult = stop.value
+    else:  # pragma: no cover
+        raise AssertionError("a third send")
+    assert (result.written, result.present, result.failed) == (2, (1,), {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...errors import InvalidItem
+from ...errors import InvalidItem, UnknownLayout
 from ...timemap import TimeMap
 from .base import (
     DEFAULT,
@@ -31,8 +31,16 @@ LAYOUTS: Mapping[str, Layout] = {Copies.name: Copies(), Buckets.name: Buckets()}
 
 
 def layout_for(timemap: TimeMap | None, cluster: str) -> Layout:
-    """The layout of *cluster*'s period in *timemap* (the default layout without a map, or for a cluster not in it)."""
-    return LAYOUTS[timemap.layout_of(cluster) if timemap is not None else DEFAULT]
+    """The layout of *cluster*'s period in *timemap* (the default layout without a map, or for a cluster not in it).
+
+    Raises :class:`~router.errors.UnknownLayout` naming the cluster and the layout when its metadata names a layout
+    this router does not know: every operation that touches that cluster fails so, and nothing else does.
+    """
+    name = timemap.layout_of(cluster) if timemap is not None else DEFAULT
+    layout = LAYOUTS.get(name)
+    if layout is None:
+        raise UnknownLayout(cluster, name, sorted(LAYOUTS))
+    return layout
 
 
 def layout_named(name: object, *, field: str = "layout") -> Layout:

@@ -89,11 +89,22 @@ def same_entry(stored: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
 
 @attrs.frozen
 class IndexSpec:
-    """One index a layout's collection needs: its name, keys, and options (``unique``...)."""
+    """One index a layout's collection needs: its name, keys, and options (``unique``, and ``partial``: the
+    ``partialFilterExpression`` of a partial index, as ``(field, condition)`` pairs)."""
 
     name: str
     keys: tuple[tuple[str, int], ...]
     unique: bool = False
+    partial: tuple[tuple[str, Any], ...] = ()
+
+    def to_command(self, collection: str) -> dict[str, Any]:
+        """The ``createIndexes`` command document that creates this index on *collection*."""
+        spec: dict[str, Any] = {"key": dict(self.keys), "name": self.name}
+        if self.unique:
+            spec["unique"] = True
+        if self.partial:
+            spec["partialFilterExpression"] = dict(self.partial)
+        return {"createIndexes": collection, "indexes": [spec]}
 
 
 @attrs.frozen
@@ -134,20 +145,26 @@ class Layout(abc.ABC):
     name: ClassVar[str]
     #: Whether appending a copy updates a document other writers also append to (needs atomic updates).
     needs_atomic_updates: ClassVar[bool] = False
+    #: Whether a duplicate-key answer to :meth:`store` proves the copy is stored. When False, a duplicate may also
+    #: mean that the document the layout chose for it was taken by a concurrent writer: the core reads every such
+    #: copy back (:meth:`lookup`) and stores the ones not found again, with ``again=True``.
+    duplicates_prove_stored: ClassVar[bool] = True
 
     # -- writes ---------------------------------------------------------------------------------
     @abc.abstractmethod
-    def store(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Request:
+    def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
         """The request that stores *entries* (an unordered batch answered with an ``InsertOutcome``: a copy already
-        stored under its ``_id`` is a duplicate-key write error at its position)."""
+        stored under its ``_id`` is a duplicate-key write error at its position). *again*: these entries were
+        answered with a duplicate before and not found stored (see :attr:`duplicates_prove_stored`)."""
 
     @abc.abstractmethod
-    def lookup(self, cluster: str, ids: Sequence[ObjectId], deadline: float) -> Find:
-        """The find that returns the stored copies among *ids* (for :meth:`looked_up`)."""
+    def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
+        """The find that returns the stored copies among *entries*, by ``_id`` (for :meth:`looked_up`)."""
 
     @abc.abstractmethod
     def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
-        """The entries among *ids* found in the answer *docs* to :meth:`lookup`."""
+        """The entries among *ids* found in the answer *docs* to :meth:`lookup` (``data`` may be left out: the
+        core compares what :func:`same_entry` compares)."""
 
     @abc.abstractmethod
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
@@ -182,8 +199,10 @@ class Layout(abc.ABC):
 
     # -- operators ------------------------------------------------------------------------------
     @abc.abstractmethod
-    def indexes(self) -> list[IndexSpec]:
-        """The indexes the period's feed collection needs (its migration creates them)."""
+    def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:
+        """The indexes the period's feed collection needs (created before the period is opened). *sharded*: the
+        collection is sharded on hashed ``receiver_id`` (migration 0001, on a mongos), so every unique index must
+        start with ``receiver_id``."""
 
     @abc.abstractmethod
     def outside(self, start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:

@@ -6,31 +6,66 @@ A bucket is one document in ``feed``::
 
 **Appending** a copy is one ``update_one(..., upsert=True)``: into a bucket of the receiver
 with room (``count`` under :data:`MAX_ITEMS`, ``bytes`` under :data:`MAX_BYTES` less the
-copy's size) that does not hold the copy already; ``$push`` the copy, ``$inc`` the two
-counters, ``$max``/``$min`` the time range. With no such bucket, the upsert starts one. A
-unique index on ``items._id`` makes a second copy of the same ``_id`` in another bucket a
-duplicate-key error (code 11000), which the core reads as "stored already": reruns,
-redelivered Celery batches and a backfill racing a fan-out store each copy once. The
-counters only grow (a removed copy leaves its slot used), so no bucket passes either cap,
-and :data:`MAX_BYTES` keeps every bucket far below the 16 MiB document limit (one copy
-larger than that sits alone in its own bucket).
+copy's size) that holds neither the copy nor another copy of its ``data_key``; ``$push`` the
+copy, ``$inc`` the two counters, ``$max``/``$min`` the time range. With no such bucket, the
+upsert starts one. A unique index on ``items._id`` (``copy_id``) makes a second copy of the
+same ``_id`` in another bucket a duplicate-key error (code 11000): reruns, redelivered
+Celery batches and a backfill racing a fan-out store each copy once.
+
+**Counters only grow.** ``count`` is slots used: a removed copy leaves its slot used, and an
+edit that removes copies *seals* every bucket it touched (``count`` set to
+:data:`MAX_ITEMS`), so no append ever goes to a bucket a copy left (an emptied bucket stays
+empty; mongo-java-server cannot append to a bucket emptied under a unique index). ``bytes``
+is an upper bound of the copies' size: an append adds the copy's size, an update adds the new
+data's size (never subtracting the old), and a bucket without room for that refuses the
+update (:class:`~router.errors.BucketsFull`) instead of growing past its cap; so no bucket
+passes :data:`MAX_BYTES`, far below the 16 MiB document limit (one copy larger than that
+sits alone in its own bucket).
+
+**One copy of a key per bucket.** An append never puts a second copy of a ``data_key`` in a
+bucket (only ``write_many`` can give one receiver two items of one key), so an edit by key
+changes one copy per bucket it changes, and counts copies by counting buckets.
+
+**Concurrent appends do not fragment.** A receiver's first bucket has an ``_id`` every
+writer derives from the receiver (:func:`first_bucket`): two appends that both find no
+bucket both start that one, one of them gets a duplicate key, reads back that its copy is
+not stored, and appends again, now into the bucket the other started
+(:attr:`~router.core.layouts.base.Layout.duplicates_prove_stored`). A later bucket is only
+started when every bucket of the receiver is full; writers that do so at the same moment
+start one each (the retry carries no shared ``_id``), but those then have room and take the
+next appends, so a receiver has at most as many buckets with room as writers that appended
+to it at once.
 
 **What the server must do.** Other writers append to the same bucket, so the server must
 apply one document's filter and update atomically, as MongoDB does. FerretDB v1 does not
 (its update reads, changes and writes back the document in separate steps) and loses
-concurrent appends: this layout is refused there when a period is created
-(:func:`router.admin.periods.layout_problem`) and by ``feedrouter check``.
+concurrent appends: this layout is refused there when a period is created or a standby is
+checked (:func:`router.admin.periods.layout_problem`) and by ``feedrouter check``.
 
 **A page** reads the receiver's buckets newest first by ``newest`` (two at a time), and
 serves items strictly after the cursor's position in ``(event_time, _id)`` order. Late
 events make buckets' ranges overlap, so an item is served only once no unread bucket can
 hold a newer one: after the first read, one ``count`` of the unread buckets whose ``newest``
 reaches the page's last item proves it (no documents returned); if some can, more are read.
-In the usual case a page of 50 reads two buckets.
+An append during the page raises its bucket's ``newest``, so the unread buckets are named
+by what they are not (``_id`` not among the buckets read), never by a position in the
+``newest`` order: a bucket that moves ahead between two finds is still unread, read by the
+next find or counted by the proof (``newest`` only grows, ``oldest`` only shrinks). Each
+find is taken to answer from one snapshot (MongoDB, FerretDB 2 and mongo-java-server do
+for a find this small). In the usual case a page of 50 reads two buckets.
+
+**Indexes** (:meth:`Buckets.indexes`): the page's ``{receiver_id, newest, _id}``; the unique
+``copy_id``, partial on ``items._id`` existing (an emptied bucket has none, and a unique
+index admits only one document without the field), ``{receiver_id, items._id}`` where the
+collection is sharded on hashed ``receiver_id`` (migration 0001 on a mongos: a unique index
+there must start with the shard key) and ``{items._id}`` elsewhere (mongo-java-server, which
+ignores partial filters, would index an emptied bucket's missing ``items._id`` as null in
+the compound form); and ``{items.data_key}`` for edits.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -39,13 +74,14 @@ import bson
 from bson import ObjectId
 
 from ...cursor import Position
+from ...errors import BucketsFull
 from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
 from .copies import chunks, in_steps, item_of
 
-__all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD"]
+__all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD", "first_bucket"]
 
 #: Copies a bucket takes at most.
 MAX_ITEMS = 50
@@ -54,6 +90,23 @@ MAX_BYTES = 8 * 1024 * 1024
 #: Buckets one read of a page asks for.
 READ_AHEAD = 2
 _ORDER = (("newest", -1), ("_id", -1))
+#: What a read-back of copies needs of a bucket: each copy's identity, not its data (a bucket may hold 50 large ones).
+_IDENTITY = {"receiver_id": 1, "items._id": 1, "items.data_key": 1, "items.sender_id": 1, "items.event_time": 1,
+             "items.type": 1}
+#: What an edit that removes copies does besides: seal the bucket (no append goes where a copy left).
+_SEAL = {"$max": {"count": MAX_ITEMS}}
+
+
+_INT_FIRST = b"\xff\xff\xff\xfe"
+
+
+def first_bucket(receiver_id: int | str) -> ObjectId:
+    """The ``_id`` of *receiver_id*'s first bucket in a period: every writer derives the same one (a 64-bit receiver
+    id as it is, behind a tag no router-made id starts with; any other id by a 96-bit hash: were two receivers to share
+    one, the second would start its first bucket as it starts later ones)."""
+    if type(receiver_id) is int and -(1 << 63) <= receiver_id < 1 << 63:
+        return ObjectId(_INT_FIRST + receiver_id.to_bytes(8, "big", signed=True))
+    return ObjectId(hashlib.blake2b(f"{type(receiver_id).__name__}:{receiver_id}".encode(), digest_size=12).digest())
 
 
 def _item(entry: Entry) -> dict[str, Any]:
@@ -61,41 +114,63 @@ def _item(entry: Entry) -> dict[str, Any]:
             "event_time": entry["event_time"], "type": entry["type"], "data": entry["data"]}
 
 
-def _append(entry: Entry) -> tuple[dict[str, Any], dict[str, Any]]:
+def _append(entry: Entry, again: bool, sizes: dict[tuple[Any, ...], int]) -> tuple[dict[str, Any], dict[str, Any]]:
     item = _item(entry)
-    size = len(bson.encode(item))
+    # A copy's BSON size depends only on these (its _id and event_time have fixed sizes): a fan-out batch, whose copies
+    # share one data object, encodes one of them. (*sizes* lives for one batch, which keeps each data object alive.)
+    sender, kind = entry["sender_id"], entry["type"]
+    shape = (id(entry["data"]), entry["data_key"], sender.__class__, sender, kind.__class__, kind)
+    size = sizes.get(shape)
+    if size is None:
+        size = sizes[shape] = len(bson.encode(item))
     t = entry["event_time"]
-    match = {"receiver_id": entry["receiver_id"], "count": {"$lt": MAX_ITEMS}, "bytes": {"$lte": MAX_BYTES - size},
-             "items._id": {"$ne": entry["_id"]}}
-    update = {"$push": {"items": item}, "$inc": {"count": 1, "bytes": size}, "$max": {"newest": t}, "$min": {"oldest": t}}
+    receiver = entry["receiver_id"]
+    match = {"receiver_id": receiver, "count": {"$lt": MAX_ITEMS}, "bytes": {"$lte": MAX_BYTES - size},
+             "items._id": {"$ne": entry["_id"]}, "items.data_key": {"$ne": entry["data_key"]}}
+    update: dict[str, Any] = {"$push": {"items": item}, "$inc": {"count": 1, "bytes": size}, "$max": {"newest": t},
+                              "$min": {"oldest": t}}
+    if not again:
+        update["$setOnInsert"] = {"_id": first_bucket(receiver)}
     return match, update
 
 
-def _redata(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The update that gives the copies picked by :func:`_the_key` new data (arrayFilters: the positional ``$``
-    with ``$elemMatch`` is refused by some servers)."""
-    return {"$set": {"items.$[copy].data": data}}
+def _data_size(data: Mapping[str, Any]) -> int:
+    """What giving a copy *data* adds to its bucket's ``bytes`` at most (its old data is not subtracted)."""
+    return len(bson.encode({"data": data}))
+
+
+def _redata(data_key: str, data: Mapping[str, Any], match: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The filter (*match* narrowed to buckets with room) and update that give the copy of *data_key* in each bucket
+    new data, charging its size to ``bytes`` (arrayFilters: the positional ``$`` with ``$elemMatch`` is refused by
+    some servers)."""
+    size = _data_size(data)
+    return ({**match, "bytes": {"$lte": MAX_BYTES - size}},
+            {"$set": {"items.$[copy].data": data}, "$inc": {"bytes": size}})
 
 
 def _the_key(data_key: str) -> list[dict[str, Any]]:
     return [{"copy.data_key": data_key}]
 
 
+def _stale(data_key: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"items": {"$elemMatch": {"data_key": data_key, "data": {"$ne": data}}}}
+
+
 def _key(t: datetime, oid: ObjectId) -> tuple[datetime, bytes]:
     return t, oid.binary
 
 
-def _buckets(receiver_id: int | str, *, after: Mapping[str, Any] | None, oldest_by: datetime | None = None,
+def _buckets(receiver_id: int | str, *, read: Sequence[ObjectId], oldest_by: datetime | None = None,
              newest_from: datetime | None = None) -> dict[str, Any]:
-    """The receiver's buckets after the bucket *after* in read order (newest desc, _id desc; all when None) that hold
-    something at or before *oldest_by* and reach *newest_from*."""
+    """The receiver's buckets other than those already *read* that hold something at or before *oldest_by* and
+    reach *newest_from* (both only ever become true of a bucket: ``oldest`` only shrinks, ``newest`` only grows)."""
     match: dict[str, Any] = {"receiver_id": receiver_id}
     if oldest_by is not None:
         match["oldest"] = {"$lte": oldest_by}
     if newest_from is not None:
         match["newest"] = {"$gte": newest_from}
-    if after is not None:
-        match["$or"] = [{"newest": {"$lt": after["newest"]}}, {"newest": after["newest"], "_id": {"$lt": after["_id"]}}]
+    if read:
+        match["_id"] = {"$nin": list(read)}
     return match
 
 
@@ -104,13 +179,17 @@ class Buckets(Layout):
 
     name: ClassVar[str] = "buckets"
     needs_atomic_updates: ClassVar[bool] = True
+    duplicates_prove_stored: ClassVar[bool] = False
 
     # -- writes ---------------------------------------------------------------------------------
-    def store(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Request:
-        return Upserts(cluster, "feed", [_append(e) for e in entries], deadline)
+    def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
+        sizes: dict[tuple[Any, ...], int] = {}
+        return Upserts(cluster, "feed", [_append(e, again, sizes) for e in entries], deadline)
 
-    def lookup(self, cluster: str, ids: Sequence[ObjectId], deadline: float) -> Find:
-        return Find(cluster, "feed", {"items._id": {"$in": list(ids)}}, deadline, projection={"receiver_id": 1, "items": 1})
+    def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
+        receivers = list({e["receiver_id"]: None for e in entries})
+        return Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": [e["_id"] for e in entries]}},
+                    deadline, projection=_IDENTITY)
 
     def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
         wanted = set(ids)
@@ -121,12 +200,13 @@ class Buckets(Layout):
             deadline: float) -> list[Request]:
         out: list[Request] = []
         for chunk in chunks(ids):
-            if data is None:
-                out.append(Update(cluster, "feed", {"items._id": {"$in": chunk}},
-                                  {"$pull": {"items": {"_id": {"$in": chunk}}}}, deadline))
+            if data is None:  # (data_key first: its index finds the buckets)
+                out.append(Update(cluster, "feed", {"items.data_key": data_key, "items._id": {"$in": chunk}},
+                                  {"$pull": {"items": {"_id": {"$in": chunk}}}, **_SEAL}, deadline))
             else:
                 match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, "data": {"$ne": data}}}}
-                out.append(Update(cluster, "feed", match, _redata(data), deadline, array_filters=_the_key(data_key)))
+                target, update = _redata(data_key, data, match)
+                out.append(Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key)))
         return out
 
     # -- reads ----------------------------------------------------------------------------------
@@ -136,13 +216,14 @@ class Buckets(Layout):
         oldest_by = position.event_time if position is not None else None
         wanted = set(types)
         found: list[tuple[datetime, ObjectId, FeedItem]] = []
-        last: Mapping[str, Any] | None = None
+        read: list[ObjectId] = []
         while True:
-            docs = yield Find(cluster, "feed", _buckets(receiver_id, after=last, oldest_by=oldest_by), deadline,
+            docs = yield Find(cluster, "feed", _buckets(receiver_id, read=read, oldest_by=oldest_by), deadline,
                               sort=_ORDER, limit=READ_AHEAD)
             if isinstance(docs, Failure):
                 return docs
             for doc in docs:
+                read.append(doc["_id"])
                 for item in doc.get("items", ()):
                     t, oid = item["event_time"], item["_id"]
                     if (bound is None or _key(t, oid) < bound) and (not wanted or item["type"] in wanted):
@@ -150,10 +231,9 @@ class Buckets(Layout):
             found.sort(key=lambda e: _key(e[0], e[1]), reverse=True)
             if len(docs) < READ_AHEAD:  # every bucket read
                 return Inbox(found[:need], len(found) > need)
-            last = docs[-1]
             if len(found) >= need:
                 # Could an unread bucket hold an item above the page's last? Only one whose newest reaches it.
-                match = _buckets(receiver_id, after=last, oldest_by=oldest_by, newest_from=found[need - 1][0])
+                match = _buckets(receiver_id, read=read, oldest_by=oldest_by, newest_from=found[need - 1][0])
                 others = yield Count(cluster, "feed", match, deadline, limit=1)
                 if isinstance(others, Failure):
                     return others
@@ -164,19 +244,19 @@ class Buckets(Layout):
               deadline: float) -> Program[list[tuple[datetime, ObjectId]] | Failure]:
         floor = _key(bound.event_time, bound.id) if bound is not None else None
         keys: list[tuple[datetime, ObjectId]] = []
-        last: Mapping[str, Any] | None = None
+        read: list[ObjectId] = []
         while len(keys) < need:
-            match = _buckets(receiver_id, after=last, newest_from=bound.event_time if bound is not None else None)
+            match = _buckets(receiver_id, read=read, newest_from=bound.event_time if bound is not None else None)
             docs = yield Find(cluster, "feed", match, deadline, sort=_ORDER, limit=READ_AHEAD * 2,
                               projection={"newest": 1, "items._id": 1, "items.event_time": 1})
             if isinstance(docs, Failure):
                 return docs
             for doc in docs:
+                read.append(doc["_id"])
                 keys.extend((i["event_time"], i["_id"]) for i in doc.get("items", ())
                             if floor is None or _key(i["event_time"], i["_id"]) > floor)
             if len(docs) < READ_AHEAD * 2:
                 break
-            last = docs[-1]
         keys.sort(key=lambda k: _key(*k), reverse=True)
         return keys[:need]
 
@@ -188,14 +268,24 @@ class Buckets(Layout):
     # -- edits ----------------------------------------------------------------------------------
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
                  what: str) -> Program[Edited]:
-        # Counted in buckets changed: that is copies changed, since fan-out gives a receiver one copy of a key (only
-        # write_many can give one receiver two items of one key, which would count once).
+        # Counted in buckets changed, which is copies changed: a bucket holds at most one copy of a key.
         if data is None:
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
-                                        update={"$pull": {"items": {"data_key": data_key}}}, what=what))
-        match = {"items": {"$elemMatch": {"data_key": data_key, "data": {"$ne": data}}}}
-        return (yield from in_steps(cluster, "feed", match, steps, update=_redata(data),
-                                    array_filters=_the_key(data_key), what=what))
+                                        update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what))
+        match, update = _redata(data_key, data, _stale(data_key, data))
+        done, error = yield from in_steps(cluster, "feed", match, steps, update=update, array_filters=_the_key(data_key),
+                                          what=what)
+        if error is not None:
+            return done, error
+        # Copies left with old data in buckets without room for the new. (A copy a running fan-out writes meanwhile,
+        # in a bucket with room, is the fence's to fix, as in every layout.)
+        full = {**_stale(data_key, data), "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
+        left = yield Count(cluster, "feed", full, deadline_in(steps.timeout))
+        if isinstance(left, Failure):
+            return done, left.error
+        if left:
+            return done, BucketsFull(cluster, data_key, int(left), _data_size(data))
+        return done, None
 
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
         match = {"receiver_id": receiver_id, "items.sender_id": sender_id}
@@ -203,17 +293,20 @@ class Buckets(Layout):
         if isinstance(docs, Failure):
             return 0, docs.error
         copies = sum(1 for d in docs for i in d.get("items", ()) if i.get("sender_id") == sender_id)
-        _, error = yield from in_steps(cluster, "feed", match, steps, update={"$pull": {"items": {"sender_id": sender_id}}},
-                                       what="unfollow")
+        _, error = yield from in_steps(cluster, "feed", match, steps,
+                                       update={"$pull": {"items": {"sender_id": sender_id}}, **_SEAL}, what="unfollow")
         return copies, error
 
     # -- operators ------------------------------------------------------------------------------
-    def indexes(self) -> list[IndexSpec]:
+    def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:
+        copy_keys = (("receiver_id", 1), ("items._id", 1)) if sharded else (("items._id", 1),)
         return [
             IndexSpec("receiver_newest_id", (("receiver_id", 1), ("newest", -1), ("_id", -1))),
-            IndexSpec("items_id", (("items._id", 1),), unique=True),
+            IndexSpec("copy_id", copy_keys, unique=True, partial=(("items._id", {"$exists": True}),)),
             IndexSpec("items_data_key", (("items.data_key", 1),)),
         ]
 
     def outside(self, start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
-        return outside_clause(start, end, earliest="oldest", latest="newest"), "newest"
+        # By the copies themselves: a bucket's oldest and newest never shrink, so they still hold a deleted copy's time
+        # (the latest time reported is the bucket's newest).
+        return outside_clause(start, end, earliest="items.event_time", latest="items.event_time"), "newest"

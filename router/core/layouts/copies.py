@@ -145,11 +145,11 @@ class Copies(Layout):
 
     name: ClassVar[str] = "copies"
 
-    def store(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Request:
+    def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
         return Insert(cluster, "feed", entries, deadline)
 
-    def lookup(self, cluster: str, ids: Sequence[ObjectId], deadline: float) -> Find:
-        return Find(cluster, "feed", {"_id": {"$in": list(ids)}}, deadline)
+    def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
+        return Find(cluster, "feed", {"_id": {"$in": [e["_id"] for e in entries]}}, deadline)
 
     def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
         return [dict(d) for d in docs]
@@ -190,7 +190,7 @@ class Copies(Layout):
         match = {"receiver_id": receiver_id, "sender_id": sender_id}
         return (yield from in_steps(cluster, "feed", match, steps, what="unfollow"))
 
-    def indexes(self) -> list[IndexSpec]:
+    def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:
         return [
             IndexSpec("receiver_time_id", (("receiver_id", 1), ("event_time", -1), ("_id", -1))),
             IndexSpec("data_key", (("data_key", 1),)),

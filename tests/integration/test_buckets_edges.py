@@ -1,0 +1,237 @@
+"""The ``buckets`` layout at its edges: writers between a page's finds, counts, caps, emptied buckets, unknown layouts.
+
+Each test runs on two servers that apply one document's filter and update atomically: the session's
+servers (FerretDB 2 on DocumentDB unless ``$FEED_TEST_BACKEND`` says otherwise) and a mongo-java-server of this
+module's own. Periods as in ``layouts.buckets_config``: ``cluster_1`` [P0, P1) in copies, ``cluster_2`` [P1, P2)
+and ``cluster_3`` [P2, open) in buckets, a database each on one server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import bson
+import pytest
+from pymongo import MongoClient
+
+from router import Activity, FeedItem, FeedRouter, RouterConfig, data_key
+from router.admin.periods import stored_outside
+from router.admin.status import check_report
+from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS
+from router.errors import BucketsFull, UnknownLayout, UpdateFailed
+from router.observe import Event, Metrics
+from router.storage.clusters import Clusters
+from router.testing import javaserver as javaservers
+from router.testing.javaserver import LocalJavaServer
+from router.testing.localservers import LocalClusters
+
+from .buckets_child import BASE
+from .conftest import P0, P1, P2
+from .layouts import buckets_config, fan_out_at_once, feed, page_all
+
+NOW = datetime(2024, 9, 1, tzinfo=P0.tzinfo)
+
+
+@pytest.fixture(scope="module")
+def javaserver() -> Iterator[LocalJavaServer]:
+    with LocalJavaServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["harness", "javaserver"])
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, bool]]:
+    """The URI of a server that appends atomically, and whether it is mongo-java-server."""
+    if request.param == "javaserver":
+        yield request.getfixturevalue("javaserver").uri, True
+    else:
+        local: LocalClusters = request.getfixturevalue("servers")
+        yield local.uris[0], local.backend == "javaserver"
+
+
+@pytest.fixture
+def config(server: tuple[str, bool]) -> Iterator[RouterConfig]:
+    uri, java = server
+    config = buckets_config(uri)
+    yield config
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+    for spec in config.clusters:
+        (javaservers.drop_database if java else MongoClient.drop_database)(client, config.database_for(spec))
+    client.close()
+
+
+@pytest.fixture
+def raw(server: tuple[str, bool]) -> Iterator[MongoClient[dict[str, Any]]]:
+    client: MongoClient[dict[str, Any]] = MongoClient(server[0], tz_aware=True)
+    yield client
+    client.close()
+
+
+def item(receiver: int, t: datetime, n: int, *, kind: int | str = 1, key: str | None = None, data: Any = None) -> FeedItem:
+    return FeedItem(receiver_id=receiver, sender_id=1, event_time=t, type=kind, data=data or {"n": n},
+                    data_key=key or data_key("edge", f"{receiver}-{n}-{t.isoformat()}"))
+
+
+class AfterFinds(Metrics):
+    """Runs *act* once right after each of the first *times* finds of ``feed`` on *cluster* that the router under
+    test sends while armed: a deterministic interleaving of another writer between a page's finds (the router's
+    metrics are recorded on its thread or event loop as each answer arrives, before the program goes on)."""
+
+    def __init__(self, cluster: str, act: Callable[[], None], times: int = 1) -> None:
+        self.cluster, self.act, self.left, self.armed = cluster, act, times, False
+
+    def record(self, event: Event) -> None:
+        if self.armed and self.left and event.name == "request" and event.op == "find.feed" and event.cluster == self.cluster:
+            self.left -= 1
+            self.act()
+
+
+def test_page_is_exact_when_a_writer_moves_a_bucket_between_its_finds(
+    config: RouterConfig, open_router: Callable[..., Any]
+) -> None:
+    """A returning user's 140 items, written newest first (the bucket with room holds the oldest): a second router
+    fans a post out to them between the page's finds. Every item is served once, newest first, on both doors; a
+    type-filtered page loses nothing either."""
+    old = [item(7, P2 + timedelta(hours=k), k, kind="mention" if k % 20 == 0 else "like") for k in range(140)][::-1]
+    with FeedRouter(config, clock=lambda: NOW) as writer:
+        writer.write_many(old)
+        posts = iter(range(100))
+
+        def fan_out() -> None:
+            n = next(posts)
+            writer.fan_out(Activity(sender_id=2, event_time=NOW - timedelta(minutes=100 - n), type="mention",
+                                    data={"post": n}, data_key=data_key("late", n)), [7])
+
+        hook = AfterFinds("cluster_3", fan_out, times=2)
+        reader = open_router(config, clock=lambda: NOW, metrics=hook)
+        hook.armed = True
+        got = page_all(reader, 7, 120)
+        assert hook.left == 0  # both appends happened between the page's finds
+        keys = [(x.event_time, x.id.binary) for x in got if x.id is not None]
+        assert keys == sorted(keys, reverse=True) and len(set(keys)) == len(keys)
+        assert {x.data_key for x in old} <= {x.data_key for x in got}
+        hook.left = 2
+        mentions = page_all(reader, 7, 5, types=["mention"])
+        assert hook.left == 0
+        assert {x.data_key for x in old if x.type == "mention"} <= {x.data_key for x in mentions}
+        assert all(x.type == "mention" for x in mentions)
+
+
+def test_delete_and_update_count_copies(config: RouterConfig, raw: MongoClient[dict[str, Any]],
+                                        open_router: Callable[..., Any]) -> None:
+    """One receiver with two copies of a key in a buckets period and two in a copies period: update and delete say 4."""
+    router = open_router(config, clock=lambda: NOW)
+    key = data_key("twice", 1)
+    router.write_many([item(3, P2 + timedelta(days=1), 1, key=key), item(3, P2 + timedelta(days=2), 2, key=key),
+                       item(3, P0 + timedelta(days=1), 3, key=key), item(3, P0 + timedelta(days=2), 4, key=key)])
+    assert router.update(key, {"v": 2}) == 4
+    assert all(sum(i["data_key"] == key for i in d["items"]) <= 1 for d in feed(raw, config, 2).find({}))
+    assert router.delete(key) == 4
+    assert router.read(3, limit=10).items == ()
+
+
+def test_updates_keep_every_bucket_within_its_cap(config: RouterConfig, raw: MongoClient[dict[str, Any]]) -> None:
+    """36 copies of 8 KiB in one bucket, each updated to 480 KiB: updates that would pass MAX_BYTES are refused
+    (UpdateFailed, BucketsFull naming the key), the bucket's ``bytes`` never falls below its copies' size nor passes
+    the cap, and the copies that were updated page back with the new data."""
+    small = [item(5, P2 + timedelta(hours=k), k, data={"blob": "s" * 8192, "k": k}) for k in range(36)]
+    with FeedRouter(config, clock=lambda: NOW) as router:
+        router.write_many(small)
+        updated, refused = [], []
+        for x in small:
+            try:
+                assert router.update(x.data_key, {"blob": "B" * (480 * 1024), "k": x.data["k"]}) == 1
+                updated.append(x.data["k"])
+            except UpdateFailed as exc:
+                (error,) = exc.failed.values()
+                assert isinstance(error, BucketsFull) and error.data_key == x.data_key and "cluster_3" in str(error)
+                refused.append(x.data["k"])
+        assert 10 <= len(updated) <= 17 and len(updated) + len(refused) == 36
+        for doc in feed(raw, config, 2).find({"receiver_id": 5}):
+            actual = sum(len(bson.encode(i)) for i in doc["items"])
+            assert actual <= doc["bytes"] <= MAX_BYTES and len(bson.encode(doc)) < 16 * 1024 * 1024
+        big = {x.data["k"] for x in page_all(router, 5, 7) if len(x.data["blob"]) > 8192}
+        assert big == set(updated)
+
+
+def test_a_deleted_copy_does_not_block_closing_a_period(config: RouterConfig) -> None:
+    """A future-dated item, once deleted, no longer counts as stored past a boundary (its bucket's newest still
+    says it was there)."""
+    with FeedRouter(config, clock=lambda: NOW) as router:
+        late = item(9, NOW + timedelta(days=30), 1)
+        router.write_many([item(9, NOW - timedelta(days=1), 0), late])
+        with Clusters(config) as clusters:
+            assert stored_outside(clusters, "cluster_3", None, NOW, layout="buckets").count == 1
+            assert router.delete(late.data_key) == 1
+            assert stored_outside(clusters, "cluster_3", None, NOW, layout="buckets").count == 0
+            assert stored_outside(clusters, "cluster_3", P2, None, layout="buckets").count == 0
+
+
+def test_emptied_buckets_take_no_appends_and_do_not_collide(config: RouterConfig, raw: MongoClient[dict[str, Any]],
+                                                           open_router: Callable[..., Any]) -> None:
+    """Buckets of several receivers lose their only copies (delete, unfollow): later deletes still work (the unique
+    copy index is partial), and later writes to those receivers start new buckets instead of appending to an
+    emptied one (which mongo-java-server cannot do)."""
+    router = open_router(config, clock=lambda: NOW)
+    t = P2 + timedelta(days=3)
+    shared = Activity(sender_id=4, event_time=t, type=1, data={"p": 1}, data_key=data_key("gone", 1))
+    router.fan_out(shared, [11, 12, 13])
+    assert router.delete(shared.data_key) == 3
+    router.write_many([item(r, t + timedelta(hours=1), 1, key=data_key("solo", r)) for r in (11, 12)])
+    assert router.delete(data_key("solo", 11)) == 1 and router.unfollow(12, 1) == 1
+    router.write_many([item(r, t + timedelta(hours=2), 2) for r in (11, 12, 13)])
+    assert [len(router.read(r, limit=5).items) for r in (11, 12, 13)] == [1, 1, 1]
+    empty = list(feed(raw, config, 2).find({"items": {"$size": 0}}))
+    assert len(empty) == 5 and all(d["count"] == MAX_ITEMS for d in empty)  # 11 and 12 emptied two each
+
+
+def test_an_unknown_layout_fails_what_touches_its_cluster(config: RouterConfig, raw: MongoClient[dict[str, Any]],
+                                                         open_router: Callable[..., Any]) -> None:
+    """cluster_3's metadata names a layout of a newer router: the router starts; writes, reads, deletes and fan-outs
+    that touch cluster_3 raise UnknownLayout naming the cluster and the layout; the older periods still work; and
+    `feedrouter check` names the cluster."""
+    meta = raw[config.database_for(config.clusters[2])][config.metadata_collection]
+    meta.update_one({}, {"$set": {"layout": "columns"}})
+    router = open_router(config, clock=lambda: NOW)
+    message = r"cluster 'cluster_3': its period's layout 'columns' is not one this router knows"
+    older = item(1, P1 + timedelta(days=1), 1)
+    assert len(router.write_many([older])) == 1
+    with pytest.raises(UnknownLayout, match=message) as raised:
+        router.write_many([item(1, P2 + timedelta(days=1), 2)])
+    assert (raised.value.cluster, raised.value.layout) == ("cluster_3", "columns")
+    with pytest.raises(UnknownLayout, match=message):
+        router.read(1, limit=5)
+    with pytest.raises(UnknownLayout, match=message):
+        router.delete(older.data_key)
+    with pytest.raises(UnknownLayout, match=message):
+        router.fan_out(Activity(sender_id=1, event_time=P2 + timedelta(days=2), type=1, data={}, data_key="k"), [1])
+    report, _ = check_report(config)
+    assert not report["ok"] and any(p.startswith("cluster 'cluster_3': layout 'columns' is not one of")
+                                    for p in report["problems"])
+
+
+def test_concurrent_fan_outs_do_not_fragment(config: RouterConfig, raw: MongoClient[dict[str, Any]]) -> None:
+    """Three processes fan a post each out to the same 600 receivers at once: every copy kept, one bucket per receiver,
+    and a first page reads one document. Then each fans 30 more posts out to the same 20 receivers at once (93 copies
+    each): at most one bucket with room per writer beyond the full ones."""
+    assert fan_out_at_once(config, [{"post": p, "receivers": 600} for p in (1, 2, 3)]) == [600, 600, 600]
+    per_receiver = _buckets_per_receiver(raw, config)
+    assert set(per_receiver.values()) == {(1, 3)}, sorted(set(per_receiver.values()))
+    with FeedRouter(config, clock=lambda: BASE + timedelta(days=30)) as router:
+        assert len(router.read(5, limit=50).items) == 3
+    specs = [{"posts": list(range(10 + w, 100, 3)), "receivers": 20, "batch": 20} for w in range(3)]
+    assert fan_out_at_once(config, specs) == [600, 600, 600]
+    busy = [b for r, b in _buckets_per_receiver(raw, config).items() if r <= 20]
+    assert len(busy) == 20 and {copies for _, copies in busy} == {93}
+    assert max(buckets for buckets, _ in busy) <= 93 // MAX_ITEMS + 3
+
+
+def _buckets_per_receiver(raw: MongoClient[dict[str, Any]], config: RouterConfig) -> dict[int, tuple[int, int]]:
+    """Receiver -> (buckets, copies) in cluster_3's period; checks every bucket's count against its copies."""
+    out: dict[int, tuple[int, int]] = {}
+    for doc in feed(raw, config, 2).find({}, {"receiver_id": 1, "count": 1, "items._id": 1}):
+        assert len(doc["items"]) <= doc["count"] <= MAX_ITEMS
+        buckets, copies = out.get(doc["receiver_id"], (0, 0))
+        out[doc["receiver_id"]] = (buckets + 1, copies + len(doc["items"]))
+    return out
