@@ -8,22 +8,26 @@ and ``cluster_3`` [P2, open) in buckets, a database each on one server.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import bson
 import pytest
+from bson import ObjectId
 from pymongo import MongoClient
 
 from router import Activity, FeedItem, FeedRouter, RouterConfig, data_key
 from router.admin.periods import stored_outside
 from router.admin.status import check_report
-from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS
+from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS, Buckets
+from router.core.steps import Upserts
 from router.errors import BucketsFull, UnknownLayout, UpdateFailed
 from router.observe import Event, Metrics
 from router.storage.clusters import Clusters
 from router.testing import javaserver as javaservers
+from router.testing.bench.plans import plan_summary
 from router.testing.javaserver import LocalJavaServer
 from router.testing.localservers import LocalClusters
 
@@ -235,3 +239,32 @@ def _buckets_per_receiver(raw: MongoClient[dict[str, Any]], config: RouterConfig
         buckets, copies = out.get(doc["receiver_id"], (0, 0))
         out[doc["receiver_id"]] = (buckets + 1, copies + len(doc["items"]))
     return out
+
+
+def test_an_append_filter_keeps_the_planner_on_the_receivers_index(servers: LocalClusters) -> None:
+    """On the session's server (FerretDB 2: mongo-java-server has no explain), the filter of a bucket append is planned
+    on the receiver's index alone, never as a BitmapAnd with a copy index.
+
+    On FerretDB 2 such a BitmapAnd (what `$ne` on `items._id` or `items.data_key` gave) crashed DocumentDB's backend
+    under concurrent appends (a RUM bitmap scan, signal 11: docs/servers.md); this checks the plan, which a crash
+    that strikes one run in a few cannot be relied on to show."""
+    config = buckets_config(servers.uris[0])
+    raw: MongoClient[dict[str, Any]] = MongoClient(servers.uris[0], tz_aware=True)
+    router = FeedRouter(config, clock=lambda: NOW)
+    try:
+        router.write_many([item(r, P2 + timedelta(days=1), n) for r in range(30) for n in range(3)])
+    finally:
+        router.close()
+    entry = {"_id": ObjectId(), "data_key": data_key("edge", "append"), "receiver_id": 7, "sender_id": 1,
+             "event_time": P2 + timedelta(days=2), "type": 1, "data": {}}
+    request = Buckets().store("cluster_3", [entry], time.monotonic() + 10)
+    assert isinstance(request, Upserts)
+    match, _ = request.ops[0]
+    explained = raw[config.database_for(config.clusters[2])].command(
+        "explain", {"find": "feed", "filter": match, "limit": 1}, verbosity="queryPlanner")
+    for spec in config.clusters:
+        raw.drop_database(config.database_for(spec))
+    raw.close()
+    plan = plan_summary(explained)
+    assert "[receiver_newest_id]" in plan, plan
+    assert "BitmapAnd" not in plan and "copy_id" not in plan and "items_data_key" not in plan, plan

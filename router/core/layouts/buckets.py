@@ -125,8 +125,10 @@ def _append(entry: Entry, again: bool, sizes: dict[tuple[Any, ...], int]) -> tup
         size = sizes[shape] = len(bson.encode(item))
     t = entry["event_time"]
     receiver = entry["receiver_id"]
+    # "Not already holding this copy or its key" as $nor, not $ne: with $ne on an indexed array path DocumentDB may
+    # plan a BitmapAnd over the RUM indexes, which crashes its backend under concurrent appends (docs/servers.md).
     match = {"receiver_id": receiver, "count": {"$lt": MAX_ITEMS}, "bytes": {"$lte": MAX_BYTES - size},
-             "items._id": {"$ne": entry["_id"]}, "items.data_key": {"$ne": entry["data_key"]}}
+             "$nor": [{"items._id": entry["_id"]}, {"items.data_key": entry["data_key"]}]}
     update: dict[str, Any] = {"$push": {"items": item}, "$inc": {"count": 1, "bytes": size}, "$max": {"newest": t},
                               "$min": {"oldest": t}}
     if not again:
