@@ -19,7 +19,8 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
     assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "async_reads", "pull_pages", "delete_ratio",
             "fanout_ratio", "fanout_memory", "scale_startup_sync", "scale_threads_async", "scale_rss_sync",
             "scale_commands_sync", "scale_commands_async", "celery_scaling", "async_door_ratio", "read_cpu_async",
-            "read_cpu_sync", "layout_page_documents", "layout_page_latency", "layout_fanout", "layout_bytes_per_item"} <= names
+            "read_cpu_sync", "layout_page_documents", "layout_page_latency", "layout_fanout", "layout_bytes_per_item",
+            "sparse_page_latency", "sparse_page_commands"} <= names
     assert "| measure | router | raw pymongo |" in text
     judged = [r for r in results if r.judged]
     assert text.rstrip().splitlines()[-1].startswith(f"SUMMARY: {sum(r.passed for r in judged)} of {len(judged)} targets met")
