@@ -85,7 +85,10 @@ def fault(server: LocalServer, how: str) -> None:
         server.pause()
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize("how", [
+    pytest.param("kill", marks=pytest.mark.needs_durable_server),  # the restarted server must still hold A's items
+    "stop",
+])
 def test_a_dead_deployment_leaves_the_other_its_partial_page(
     shared: Callable[..., FeedRouter], deployment_a: LocalServer, how: str
 ) -> None:
