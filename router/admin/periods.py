@@ -7,7 +7,9 @@ change that would overlap another period or strand data:
 
 * a boundary that would cut through stored documents: closing a period before its
   latest stored ``event_time``, or opening a period on a cluster that already holds
-  documents outside it;
+  documents outside it. Every record placed by its time counts (:data:`TIME_PLACED`: feed
+  copies, pulled posts, seen markers, fan-out jobs), and no option waives it: the
+  operator's ``--force`` waives only the notice running routers need (``min_notice``);
 * a cluster that already owns a different period (periods are not moved here);
 * a cluster that is not in ``clusters.yaml``;
 * a layout the cluster's server cannot keep (``buckets`` appends to a document other
@@ -39,13 +41,15 @@ import pymongo
 from pymongo.errors import PyMongoError
 
 from ..core.layouts import DEFAULT, LAYOUTS
+from ..core.layouts.base import outside_clause
 from ..errors import PeriodChangeRefused
 from ..model import ClusterMeta, to_utc
 from ..storage.clusters import Clusters
 from ..timemap import TimeMap, format_period
 from .migrate import Migration, migrate_cluster
 
-__all__ = ["PeriodChange", "apply_period", "layout_problem", "plan_period", "retire", "stored_outside"]
+__all__ = ["TIME_PLACED", "Outside", "PeriodChange", "apply_period", "layout_problem", "plan_period", "retire",
+           "stored_outside"]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -76,24 +80,64 @@ class PeriodChange:
         return lines
 
 
+#: The collections besides the feed whose documents live in the cluster that owns their ``event_time``: pulled
+#: posts (``outbox``), seen markers (``seen``, :mod:`router.core.seen`) and fan-out jobs (``fanouts``). The feed is
+#: counted by its layout. Every close and every new period counts them all: a seen marker left past its cluster's
+#: end would be read as the receiver's marker while newer clusters' items counted as unseen, and a new mark there
+#: would move it backwards; a pulled post there would never be read again.
+TIME_PLACED = ("outbox", "seen", "fanouts")
+
+
+@attrs.frozen
+class Outside:
+    """Time-placed documents of one cluster outside a period: how many in each collection, and the latest time."""
+
+    counts: tuple[tuple[str, int], ...]
+    latest: datetime | None
+
+    @property
+    def count(self) -> int:
+        """How many in all."""
+        return sum(n for _, n in self.counts)
+
+    def by_collection(self) -> str:
+        """``"1 feed, 2 seen"``: the collections that hold any, with their counts."""
+        return ", ".join(f"{n} {name}" for name, n in self.counts)
+
+
 def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: datetime | None, *,
-                   layout: str = DEFAULT) -> tuple[int, datetime | None]:
-    """How many feed documents of cluster *name* (stored by *layout*) hold copies outside ``[start, end)`` (all of
-    them when both are ``None``), and the latest such time."""
-    feed = clusters[name].feed
-    query, newest = LAYOUTS[layout].outside(start, end)
+                   layout: str = DEFAULT) -> Outside:
+    """The documents of cluster *name* placed by a time outside ``[start, end)`` (all of them when both are
+    ``None``): the feed's (stored by *layout*) and every collection of :data:`TIME_PLACED`."""
+    cluster = clusters[name]
+    feed_query, feed_newest = LAYOUTS[layout].outside(start, end)
+    asked = [("feed", cluster.feed, feed_query, feed_newest)] + [
+        (collection, cluster.db[collection], outside_clause(start, end, earliest="event_time", latest="event_time"),
+         "event_time") for collection in TIME_PLACED
+    ]
+    counts: list[tuple[str, int]] = []
+    latest: datetime | None = None
     try:
         # An admin check, run rarely, that may scan a whole cluster (no index starts with event_time,
-        # to keep every feed insert cheap): it gets its own long deadline instead of socketTimeoutMS.
+        # to keep every insert cheap): it gets its own long deadline instead of socketTimeoutMS.
         with pymongo.timeout(STRAND_CHECK_SECONDS):
-            count = feed.count_documents(query)
-            latest = None
-            if count:
-                doc = feed.find_one(query, sort=[(newest, -1)], projection={newest: 1})
-                latest = doc[newest] if doc else None
+            for collection, coll, query, newest in asked:
+                count = coll.count_documents(query)
+                if not count:
+                    continue
+                counts.append((collection, count))
+                doc = coll.find_one(query, sort=[(newest, -1)], projection={newest: 1})
+                when = doc.get(newest) if doc else None
+                if isinstance(when, datetime) and (latest is None or when > latest):
+                    latest = when
     except PyMongoError as exc:
-        raise clusters[name].error(exc, doing="counting stored documents") from exc
-    return count, latest
+        raise cluster.error(exc, doing="counting stored documents") from exc
+    return Outside(tuple(counts), latest)
+
+
+def _stranding(found: Outside) -> str:
+    """``"(latest T; 1 feed, 2 seen)"``: what a refusal says of *found*."""
+    return f"(latest {found.latest.isoformat() if found.latest else '?'}; {found.by_collection()})"
 
 
 def plan_period(
@@ -134,10 +178,11 @@ def plan_period(
         raise PeriodChangeRefused(meta_problems)
     # Listed clusters without a period yet are fine while they hold nothing (added later, or standby).
     for unassigned in sorted(set(clusters.names) - {m.name for m in metas} - {name}):
-        count, _ = stored_outside(clusters, unassigned, None, None)
-        if count:
+        found = stored_outside(clusters, unassigned, None, None)
+        if found.count:
             problems.append(
-                f"cluster {unassigned!r} has no metadata document but holds {count} documents: restore its metadata first"
+                f"cluster {unassigned!r} has no metadata document but holds {found.count} documents "
+                f"({found.by_collection()}): restore its metadata first"
             )
     timemap = TimeMap(metas)
     new = ClusterMeta(name=name, start_date=start, end_date=end, creator_name=creator, created_at=now, layout=layout)
@@ -164,11 +209,11 @@ def plan_period(
                     f"less than {min_notice} to learn of it (they refresh every refresh_interval) and they may "
                     "still write there; choose a later start, or pass --force when no router is running"
                 )
-            count, latest = stored_outside(clusters, other.name, None, start, layout=other.layout)
-            if count:
+            found = stored_outside(clusters, other.name, None, start, layout=other.layout)
+            if found.count:
                 problems.append(
-                    f"cluster {other.name!r} holds {count} documents at or after {start.isoformat()} "
-                    f"(latest {latest.isoformat() if latest else '?'}): closing its period there would strand them"
+                    f"cluster {other.name!r} holds {found.count} documents at or after {start.isoformat()} "
+                    f"{_stranding(found)}: closing its period there would strand them"
                 )
         elif other.end_date is None and other.start_date < start:
             problems.append(
@@ -180,11 +225,11 @@ def plan_period(
             problems.append(
                 f"{format_period(start, end)} overlaps cluster {other.name!r} {format_period(other.start_date, other.end_date)}"
             )
-    count, latest = stored_outside(clusters, name, start, end, layout=layout)
-    if count:
+    found = stored_outside(clusters, name, start, end, layout=layout)
+    if found.count:
         problems.append(
-            f"cluster {name!r} already holds {count} documents outside {format_period(start, end)} "
-            f"(latest {latest.isoformat() if latest else '?'}): they would be unreadable"
+            f"cluster {name!r} already holds {found.count} documents outside {format_period(start, end)} "
+            f"{_stranding(found)}: they would be unreadable"
         )
     if problems:
         raise PeriodChangeRefused(problems)
@@ -210,12 +255,11 @@ def apply_period(
         return lines
     if change.close is not None:
         # Checked again right before closing: documents may have arrived since planning.
-        count, latest = stored_outside(clusters, change.close.name, None, change.new.start_date,
-                                       layout=change.close.layout)
-        if count:
+        found = stored_outside(clusters, change.close.name, None, change.new.start_date, layout=change.close.layout)
+        if found.count:
             raise PeriodChangeRefused([
-                f"cluster {change.close.name!r} received {count} documents at or after "
-                f"{change.new.start_date.isoformat()} since the plan was checked (latest {latest}); nothing was changed"
+                f"cluster {change.close.name!r} received {found.count} documents at or after "
+                f"{change.new.start_date.isoformat()} since the plan was checked {_stranding(found)}; nothing was changed"
             ])
         lines.append(f"{verb}close cluster {change.close.name!r}: end_date = {change.new.start_date.isoformat()}")
         if not dry_run:

@@ -11,7 +11,7 @@ Lifecycle of one rollover at boundary B (here ``period: monthly``, ``lead_time: 
     after:   cluster_3 [1 Nov, 1 Dec)   cluster_4 [1 Dec, open)   (written at once)
 
 * Every tick checks that a standby is ready for the next boundary B (reachable,
-  every migration applied, no metadata, empty feed). If none is, it logs an error
+  every migration applied, no metadata, nothing stored). If none is, it logs an error
   at once, weeks before B, not at B.
 * From ``B - 2·lead_time`` on, a tick takes a lease on the rollover of B (a
   document in the current cluster's ``leases`` collection) and then does the
@@ -108,7 +108,7 @@ def ready_standby(clusters: Clusters, config: RouterConfig, migrations: Sequence
             continue  # used by an earlier rollover
         try:
             done = applied_migrations(clusters[name], config)
-            count, _ = stored_outside(clusters, name, None, None)
+            found = stored_outside(clusters, name, None, None)
         except ClusterUnavailable as exc:
             reasons.append(f"standby {exc}")
             continue
@@ -118,8 +118,8 @@ def ready_standby(clusters: Clusters, config: RouterConfig, migrations: Sequence
                 f"standby cluster {name!r} is not migrated ({', '.join(missing)} pending): "
                 f"run feedrouter migrate --cluster {name}"
             )
-        elif count:
-            reasons.append(f"standby cluster {name!r} already holds {count} feed documents")
+        elif found.count:
+            reasons.append(f"standby cluster {name!r} already holds {found.count} documents ({found.by_collection()})")
         else:
             return name, reasons
     if not settings.standby:

@@ -23,7 +23,8 @@ __all__ = ["check_report", "status_rows"]
 
 
 def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
-    """``{"ok", "problems", "clusters", "gaps"}`` for every configured cluster, and the time map if it is sound."""
+    """``{"ok", "problems", "capabilities", "clusters", "gaps"}`` for every configured cluster, and the time map if it
+    is sound. ``capabilities`` maps each reachable cluster to what its server can do (:class:`Capabilities`)."""
     migrations = discover()
     problems: list[str] = []
     with Clusters(config) as clusters:
@@ -39,13 +40,18 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
             missing = [m.id for m in migrations if m.id not in done]
             if missing:
                 problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
+        capabilities = clusters.each(lambda c: c.capabilities(), reachable)
+        for name, caps in capabilities.items():
+            if isinstance(caps, ClusterUnavailable):
+                problems.append(str(caps))
         for meta in metas:
             if meta.name in reachable and meta.layout != DEFAULT:
                 problem = layout_problem(clusters, meta.name, meta.layout)
                 if problem is not None:
                     problems.append(problem)
     timemap = TimeMap(metas) if not meta_problems else None
-    report: dict[str, Any] = {"ok": not problems, "problems": problems}
+    report: dict[str, Any] = {"ok": not problems, "problems": problems, "capabilities": {
+        name: caps.to_json() for name, caps in capabilities.items() if not isinstance(caps, ClusterUnavailable)}}
     if timemap is not None:
         report["clusters"] = [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date, "layout": m.layout}
                               for m in timemap.periods]

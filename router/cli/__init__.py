@@ -20,6 +20,7 @@ from ..admin.periods import apply_period, plan_period, retire
 from ..admin.rollover import RolloverScheduler, default_owner, do_rollover
 from ..admin.scrape import ClusterStats, scrape
 from ..admin.status import check_report, status_rows
+from ..storage.capabilities import Capabilities
 from ..config import RouterConfig, load_config
 from ..core.checkpoint import JobStatus
 from ..errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
@@ -86,6 +87,7 @@ def _cmd_check(args: argparse.Namespace, config: RouterConfig) -> int:
         lines.append(f"{config.source}: {len(timemap)} periods:")
         lines.append(timemap.describe())
         lines += [f"warning: gap from {a.isoformat()} to {b.isoformat()}: writes in it fail" for a, b in timemap.gaps]
+    lines += [f"server of {name}: {Capabilities(**caps).describe()}" for name, caps in report["capabilities"].items()]
     lines += [f"problem: {p}" for p in problems]
     lines.append("ok" if not problems else f"{len(problems)} problems")
     _emit(args, report, "\n".join(lines))

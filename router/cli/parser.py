@@ -6,14 +6,21 @@ Kept apart from the commands (:mod:`router.cli`) so each file stays readable.
 from __future__ import annotations
 
 import argparse
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
+from ..core.seen import MAX_CAP
+from ..model import TEXT_RULE, is_id
 
 __all__ = ["MIGRATIONS_HELP", "build_parser"]
 
 UTC = timezone.utc
+#: What the command line reads as an int: ASCII digits, with a minus sign or none. (``str.isdigit`` is true for
+#: other Unicode digits too: ``int()`` refuses ``"²"`` and reads fullwidth ``"５"`` as 5.)
+_INT = re.compile(r"-?[0-9]+")
+JSON_HELP = "machine-readable output on stdout"
 MIGRATIONS_HELP = "migrations folder (default: $FEEDROUTER_MIGRATIONS, else the migrations shipped with the package)"
 
 
@@ -37,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-c", "--config", default="clusters.yaml", help="path to clusters.yaml (default: %(default)s)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug); shows tracebacks")
     parser.add_argument("-q", "--quiet", action="store_true", help="log errors only")
-    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser(
@@ -53,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         "and Maven (scripts/bootstrap installs them).",
     )
     demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
-    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
-                      help="server for the first three clusters (default: $FEED_TEST_BACKEND, else auto); "
-                      "the fourth is always mongo-java-server")
+    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb2", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
+                      help="server for the clusters (default: $FEED_TEST_BACKEND, else auto: mongod if on PATH, else "
+                      "FerretDB 2 on DocumentDB); with FerretDB 1 (ferretdb-pg, ferretdb-sqlite) the fourth, which holds "
+                      "a buckets period, runs on mongo-java-server")
 
     sub.add_parser(
         "check",
@@ -107,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="end the current open-ended period at --start (refused if it holds later documents)")
     add.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
     add.add_argument("--force", action="store_true",
-                     help="allow --close-previous with a start less than refresh_interval away (no router may be running)")
+                     help="allow --close-previous with a start less than refresh_interval away (no router may be "
+                     "running); it waives only that notice, never the checks that no stored record is stranded")
     add.add_argument("--migrations", type=Path, default=None, help=MIGRATIONS_HELP)
     rollover = sub.add_parser(
         "rollover",
@@ -173,13 +182,33 @@ def build_parser() -> argparse.ArgumentParser:
         "unseen",
         help="a receiver's unseen count and seen marker (for support staff)",
         description="Print how many items of RECEIVER's feed are newer than its seen marker (stopping past --cap, "
-        "shown as e.g. 99+), and the marker's time. All digits means an int id, anything else a str id.",
+        "shown as e.g. 99+), and the marker's time. ASCII digits (with an optional minus sign; put -- before a negative "
+        "id) mean an int id, which must fit in 64 bits; anything else is a str id (fullwidth or other Unicode digits "
+        "too).",
     )
     unseen.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
-    unseen.add_argument("--cap", type=int, default=99, metavar="N", help="stop counting past N (default: %(default)s)")
+    unseen.add_argument("--cap", type=_cap, default=99, metavar="N",
+                        help=f"stop counting past N, from 1 to {MAX_CAP} (default: %(default)s)")
+    for command in sub.choices.values():  # --json after the subcommand too (SUPPRESS: absent there, the top's stays)
+        command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
     return parser
 
 
 def _receiver_arg(text: str) -> int | str:
-    """A receiver id from the command line: an int when it is one, else the text."""
-    return int(text) if text.lstrip("-").isdigit() else text
+    """A receiver id from the command line: an int when it is ASCII digits (a 64-bit one), else the text (a str id)."""
+    if _INT.fullmatch(text):
+        value = int(text)
+        if not is_id(value):
+            raise argparse.ArgumentTypeError(f"an int id must fit in 64 bits, from -2**63 to 2**63 - 1 (got {text})")
+        return value
+    if not is_id(text):
+        raise argparse.ArgumentTypeError(f"{TEXT_RULE} (got {text!r:.80})")
+    return text
+
+
+def _cap(text: str) -> int:
+    """``unseen --cap``: an int from 1 to :data:`~router.core.seen.MAX_CAP`."""
+    value = int(text) if _INT.fullmatch(text) else None
+    if value is None or not 1 <= value <= MAX_CAP:
+        raise argparse.ArgumentTypeError(f"must be an int from 1 to {MAX_CAP} (got {text if value is not None else repr(text)})")
+    return value

@@ -30,7 +30,7 @@ from .fence import NEVER, read_fences
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
 from .routing import Routing, routed
-from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_program, unseen_program
+from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_of, marker_program, unseen_program
 from .settings import MAX_PAGE, MAX_TYPES, Settings
 from .social import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
 from .steps import Concurrently, Failure, Find, Program
@@ -107,16 +107,8 @@ def read(
 def mark_seen(view: View, receiver_id: object, position: object) -> Program[Position]:
     """``mark_seen``: record *position* (a :class:`Position`, or a :class:`FeedItem` from a page) as seen."""
     receiver = _receiver(receiver_id)
-    if isinstance(position, FeedItem):
-        if position.id is None:
-            raise InvalidItem("position", "must be a FeedItem read from a page (this one has no id)")
-        position = Position(position.event_time, position.id)
-    if not isinstance(position, Position):
-        raise InvalidItem("position", f"must be a Position or a FeedItem from a page (got {type(position).__name__})")
-    when = position.event_time
-    if not isinstance(when, datetime) or when.utcoffset() is None or not isinstance(position.id, ObjectId):
-        raise InvalidItem("position", f"must hold a timezone-aware event_time and an ObjectId (got {position!r:.120})")
-    marked = Position(when, position.id)  # a page's skip count means nothing to a marker
+    marked = marker_of(receiver, position)
+    when = marked.event_time
     deadline = deadline_in(view.settings.timeout)
 
     def program() -> Program[Position]:

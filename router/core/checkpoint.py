@@ -6,6 +6,7 @@
                       runs, error, created_at, updated_at}
     fanout_batches:  {_id: "job_id#n", job: job_id, n, state: "done"|"failed",
                       written, already_present, skipped, error, at}
+    fanout_sent:     {_id: "job_id#n", job: job_id, n, at}      (Celery: each batch a publisher sent)
 
 A batch is recorded by *inserting* its document: an insert is atomic on every server,
 where concurrent updates of one job document are not (FerretDB loses some of them). A
@@ -20,12 +21,22 @@ or a publisher has read every receiver (a new run or publishing sets it back to 
 until it has). :func:`check_batch` refuses any other batch before it is written, a
 Celery task sent by hand included (:func:`admit_batch` also checks it against the
 stored job); :func:`job_status` counts only batches ``0 .. batches_total - 1``.
+
+**Which batches a worker admits.** A batch that arrives as a task is written only if the
+job's publisher sent it: the publisher inserts the batch's ``fanout_sent`` document
+(:func:`announce_batch`) before it sends the task, and :func:`admit_batch` finds it. While
+the job's total is still unknown, a number alone proves nothing (batch 1,000,000 of a job
+that will end with 5 batches looks like any other), and what the stored job says depends on
+when a worker takes the task; the record of the sent batch does not. Inserts only, one
+document per batch: a job published again, or two publishers at once, insert the same
+``_id``, which the server refuses as a duplicate, harmlessly (concurrent updates of one
+document, which FerretDB v1 loses, are never relied on).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -35,12 +46,13 @@ from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterErr
 from ..model import to_millis
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
-from .policy import deadline_in
-from .steps import Failure, Find, Insert, InsertOutcome, Program, Update
+from .policy import DUPLICATE_KEY, deadline_in
+from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Update, ask
 
 
 __all__ = [
-    "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "admit_batch", "check_batch", "check_checkpoint",
+    "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
+    "check_batch", "check_checkpoint",
     "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
 ]
 
@@ -62,6 +74,9 @@ def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
         return status
     return attrs.evolve(status, state="done" if status.state == "done" else "cancelled", reason="deleted")
 
+
+#: Where a Celery publisher records each batch it sends, before sending it (:func:`announce_batch`).
+SENT_COLLECTION: Collection = "fanout_sent"
 
 #: The most receivers one job can have: a sanity bound on batch numbers while its total is not known yet
 #: (2**40, over a hundred times the people on Earth; batch numbers and positions stay far inside BSON's int64).
@@ -105,22 +120,56 @@ def check_batch(job: FanOutJob, number: object, first: object, receivers: int, *
 
 
 def admit_batch(job: FanOutJob, number: object, first: object, receivers: int, *, deadline: float) -> Program[None]:
-    """:func:`check_batch`, then again against the job as stored: for a batch that comes from elsewhere (a task).
+    """:func:`check_batch`, then again against the job as stored, and the record that its publisher sent it: for a
+    batch that comes from elsewhere (a task).
 
     Raises :class:`InvalidBatch` for a batch the job cannot have (the job never opened
-    included), :class:`FanOutConflict` for a checkpoint of another activity or batch
-    size, :class:`ClusterUnavailable` if the checkpoint cannot be read. Nothing is written.
+    included) or that its publisher never sent (:func:`announce_batch`), :class:`FanOutConflict`
+    for a checkpoint of another activity or batch size, :class:`ClusterUnavailable` if the
+    checkpoint cannot be read. Nothing is written.
     """
     check_batch(job, number, first, receivers)
-    found = yield Find(job.cluster, "fanouts", {"_id": job.job_id}, deadline, limit=1,
-                       projection={"data_key": 1, "event_time": 1, "batch_size": 1, "batches_total": 1})
-    if isinstance(found, Failure):
-        raise found.error
+    assert type(number) is int  # (check_batch refuses anything else)
+    answers = yield Concurrently([
+        ask(Find(job.cluster, "fanouts", {"_id": job.job_id}, deadline, limit=1,
+                 projection={"data_key": 1, "event_time": 1, "batch_size": 1, "batches_total": 1})),
+        ask(Find(job.cluster, SENT_COLLECTION, {"_id": _batch_id(job.job_id, number)}, deadline, limit=1,
+                 projection={"_id": 1})),
+    ], [job.cluster, job.cluster])
+    for answer in answers:
+        if isinstance(answer, Failure):
+            raise answer.error
+    found, sent = answers
     if not found:
         raise InvalidBatch(job.job_id, number, "job", f"has no checkpoint in cluster {job.cluster!r}: it was never "
                                                       "published, or its checkpoint was removed")
     check_checkpoint(job, found[0])
     check_batch(job, number, first, receivers, total=_total(found[0]))
+    if not sent:
+        raise InvalidBatch(job.job_id, number, "number",
+                           f"was never sent by the job's publisher (no record of it in cluster {job.cluster!r}'s "
+                           f"{SENT_COLLECTION}): a task made by hand, or sent by a publisher older than this worker")
+
+
+def announce_batch(jobs: Sequence[FanOutJob], number: int, *, timeout: float) -> Program[None]:
+    """Record that batch *number* of each of *jobs* (one cluster's) is sent, before its task is: the record
+    :func:`admit_batch` asks for. One insert; a batch recorded before (a job published again) stays as it was.
+
+    Raises the cluster's :class:`ClusterUnavailable` when the record cannot be stored: send nothing then.
+    """
+    if not jobs:
+        return
+    now = datetime.now(UTC)
+    docs = [{"_id": _batch_id(j.job_id, number), "job": j.job_id, "n": number, "at": now} for j in jobs]
+    outcome: InsertOutcome = yield Insert(jobs[0].cluster, SENT_COLLECTION, docs, deadline_in(timeout))
+    if outcome.failure is not None:
+        raise outcome.failure.error
+    if outcome.write_concern is not None:
+        raise ClusterUnavailable(jobs[0].cluster, f"recording batch {number} as sent: {outcome.write_concern}")
+    refused = [e for e in outcome.write_errors if e.code != DUPLICATE_KEY]
+    if refused:
+        raise ClusterUnavailable(jobs[0].cluster, f"recording batch {number} as sent: refused (code "
+                                                  f"{refused[0].code}): {refused[0].message}")
 
 
 def _total(doc: Mapping[str, Any]) -> int | None:

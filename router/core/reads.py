@@ -14,9 +14,11 @@ author who was pushed before crossing the pull threshold, or a backfill) and in 
 pulled outbox has the same key twice and is served once. The store sorts outbox entries
 by their own ``_id``, not by that key, so within the one millisecond of the cursor the
 outbox query asks for ``skip`` more entries (recorded in the cursor) and drops the ones
-already served; and when more than a whole page of pulled entries share one
-millisecond, that millisecond is fetched whole, with a second query (and, if all of it
-lies behind the cursor, the entries below it with a third).
+already served. It asks for one entry more than the page can take: every millisecond
+above the answer's last one is then complete, and only entries of that last millisecond
+might sort (by key) below ones the answer left out. Pages stay full: when a page would be
+short because of that millisecond, it is fetched whole with a second query (and, while
+still short, the entries below it with a third, and so on until the outbox is exhausted).
 """
 
 from __future__ import annotations
@@ -129,7 +131,10 @@ def _with_pull(
         return outbox.find(cluster, plan.pull, deadline, types=plan.types, limit=limit, at_or_before=at_or_before, at=at,
                            before=before)
 
-    outbox_request = pulled(need + skip, at_or_before=position.event_time if position is not None else None)
+    # One entry more than the page can take: the store orders the answer by (event_time, _id), so every
+    # millisecond above the last entry's is complete, and only that last millisecond is in doubt.
+    ask_for = need + skip + 1
+    outbox_request = pulled(ask_for, at_or_before=position.event_time if position is not None else None)
     inbox, found = yield Concurrently([_inbox(plan, cluster, position, need, deadline), ask(outbox_request)],
                                      [cluster, cluster])
     for answer in (inbox, found):
@@ -139,9 +144,9 @@ def _with_pull(
     inbox_entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
     inbox_full = inbox.full
     inbox_front = (inbox_entries[-1].event_time, inbox_entries[-1].key.binary) if inbox_full and inbox_entries else None
-    outbox_full = len(docs) == need + skip  # the store may hold more pulled entries at or below the last one
+    outbox_full = len(docs) == ask_for  # the store may hold more pulled entries at or below the last one
     whole_group = False  # True once every pulled entry of the last answer's millisecond is known
-    for _attempt in range(4):
+    while True:
         pulled_entries = _pulled_entries(plan, docs)
         entries = _merge(inbox_entries, pulled_entries, position)
         outbox_floor = outbox.entry_key(docs[-1])[0] if outbox_full and docs else None
@@ -150,10 +155,14 @@ def _with_pull(
             if (inbox_front is None or (e.event_time, e.key.binary) >= inbox_front)
             and (outbox_floor is None or e.event_time > outbox_floor or (whole_group and e.event_time == outbox_floor))
         ]
-        if safe or not (inbox_full or outbox_full) or outbox_floor is None:
+        # Short of a page only while pulled entries at or below the floor are unknown: the inbox answer alone
+        # gives a full page above its front, and with no floor everything asked for is here.
+        if len(safe) >= need or outbox_floor is None:
             break
         if not whole_group:
-            # More than a page of pulled entries share the millisecond outbox_floor: fetch all of it.
+            # The floor's millisecond may hold entries the answer left out, sorting anywhere in it by their keys
+            # here (more than a page of them, or entries published there after the cursor was made, under keys it
+            # had passed): fetch all of it.
             group = yield pulled(at=outbox_floor)
             if isinstance(group, Failure):
                 return group
@@ -161,14 +170,12 @@ def _with_pull(
             docs = docs + [d for d in group if outbox.entry_key(d) not in known]
             whole_group = True
             continue
-        # That whole millisecond was served already (entries published there after the cursor was made, under keys
-        # it had passed, pushed the rest out of the answer): go on below it.
-        lower = yield pulled(need, before=outbox_floor)
+        # Still short with the whole millisecond known: go on below it (each round moves the floor down, so the
+        # outbox, which is finite, ends the loop).
+        lower = yield pulled(need + 1, before=outbox_floor)
         if isinstance(lower, Failure):
             return lower
-        docs, outbox_full, whole_group = docs + lower, len(lower) == need, False
-    else:  # pragma: no cover - each fetch above ends with something safe to serve or nothing left
-        raise RuntimeError(f"read of cluster {cluster!r}: no progress after fetching the outbox 4 times")
+        docs, outbox_full, whole_group = docs + lower, len(lower) == need + 1, False
     taken = safe[:need]
     more_here = len(safe) > need or inbox_full or outbox_full
     if not taken:

@@ -36,12 +36,15 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import Position
+from ..errors import InvalidItem
+from ..model import FeedItem
 from ..timemap import TimeMap
 from .layouts import Layout, layout_for, outbox
 from .layouts.copies import older_than
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
-__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_program", "unseen_program"]
+__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_of", "marker_program",
+           "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
@@ -84,6 +87,29 @@ class UnseenPlan:
     def layout(self, name: str) -> Layout:
         """The layout of cluster *name*'s period."""
         return layout_for(self.timemap, name)
+
+
+def marker_of(receiver_id: int | str, position: object) -> Position:
+    """The marker *receiver_id* asks to record: *position* checked, without its page's skip count.
+
+    A :class:`FeedItem` must come from *receiver_id*'s own page (``InvalidItem`` for an item of
+    another receiver's page: its key sorts in that receiver's order, not this one's). A bare
+    :class:`Position` carries no receiver; it is taken as a point in *receiver_id*'s order.
+    """
+    if isinstance(position, FeedItem):
+        if position.id is None:
+            raise InvalidItem("position", "must be a FeedItem read from a page (this one has no id)")
+        owner = position.receiver_id
+        if type(owner) is not type(receiver_id) or owner != receiver_id:
+            raise InvalidItem("position", f"is an item of receiver {owner!r:.80}'s page, not of {receiver_id!r:.80}'s: "
+                                          "mark an item of the receiver's own page")
+        position = Position(position.event_time, position.id)
+    if not isinstance(position, Position):
+        raise InvalidItem("position", f"must be a Position or a FeedItem from a page (got {type(position).__name__})")
+    when = position.event_time
+    if not isinstance(when, datetime) or when.utcoffset() is None or not isinstance(position.id, ObjectId):
+        raise InvalidItem("position", f"must hold a timezone-aware event_time and an ObjectId (got {position!r:.120})")
+    return Position(when, position.id)  # a page's skip count means nothing to a marker
 
 
 def mark_program(receiver_id: int | str, position: Position, cluster: str, *, deadline: float) -> Program[Position]:

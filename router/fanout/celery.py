@@ -43,8 +43,11 @@ alone and are recorded, as in every engine; they are not retried.
 job's batch count once it is known, absurdly large, not an int; a wrong position; more
 receivers than ``batch_size``; a job never published, or another activity under its id)
 writes nothing: the worker logs an error naming the job, the batch and what was wrong,
-and rejects the message for good (never retried). The checks are the core's
-(:func:`router.core.checkpoint.admit_batch`).
+and rejects the message for good (never retried). So does a batch the job's publisher
+never sent: :func:`publish_fan_out` records each batch in the checkpoint's ``fanout_sent``
+before it sends the task (one insert per batch), and a worker admits only a batch recorded
+there, whenever it takes the task, before or after the job's record exists, with the job's
+total known or not. The checks are the core's (:func:`router.core.checkpoint.admit_batch`).
 
 **JSON only.** Task arguments are the job (:meth:`FanOutJob.to_json`, the activity
 included, so its ``data`` must be JSON: :func:`publish_fan_out` refuses anything else with
@@ -78,7 +81,7 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.checkpoint import finish_checkpoint, open_checkpoint
+from ..core.checkpoint import announce_batch, finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
 from ..core.checkpoint import start_job
@@ -348,8 +351,10 @@ def send_batch(
 ) -> None:
     """Send one batch task: batch *number* of *job*, its first receiver at stream position *first*.
 
-    :func:`publish_fan_out` sends every batch this way; sending a batch again is harmless
-    (it finds its copies present). Raises :class:`BrokerUnavailable` if the broker does not take it.
+    :func:`publish_fan_out` sends every batch this way, after recording it as sent
+    (:func:`router.core.checkpoint.announce_batch`): a worker refuses a batch with no such
+    record. Sending a batch again is harmless (it finds its copies present). Raises
+    :class:`BrokerUnavailable` if the broker does not take it.
     """
     payload = job.to_json() if isinstance(job, FanOutJob) else job
     try:
@@ -373,8 +378,10 @@ def publish_fan_out(
 
     Plans the job (``router.plan_fan_out``: nothing is written if the activity is invalid
     or no cluster owns it), opens its checkpoint, reads *receivers* lazily in batches of
-    *batch_size* (default ``write.batch_size``) holding at most one batch, and records
-    ``published`` with the number of batches at the end. Publishing the same job again
+    *batch_size* (default ``write.batch_size``) holding at most one batch, records each
+    batch as sent before sending it (workers admit no other,
+    :func:`~router.core.checkpoint.announce_batch`), and records ``published`` with the
+    number of batches at the end. Publishing the same job again
     (same receivers, same order, same batch size) sends only the batches not recorded
     done; batches still queued from the first time are then sent twice, which is harmless
     (the second writes nothing) but wasted work. Receivers outside *active* get no copy, unless *include_inactive*: then their
@@ -409,6 +416,9 @@ def publish_fan_out(
                 parts = plan_parts(sendable(chunk, first), active=predicate, done=number in done,
                                    inactive_done=(number in side_done) if side is not None else None)
                 resumed += len(jobs) - len(parts)
+                if parts:  # recorded as sent before it is: workers admit only the batches a publisher recorded
+                    router.clusters.run(announce_batch([jobs[1] if p.inactive else jobs[0] for p in parts], number,
+                                                       timeout=timeout))
                 for part in parts:
                     _send(app, payloads[1] if part.inactive else payloads[0], number, first, part, producer)
                     sent += 1

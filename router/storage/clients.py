@@ -86,7 +86,7 @@ def collection_names(config: RouterConfig) -> dict[str, str]:
     """The configured name of each collection role the core uses."""
     return {
         "feed": config.feed_collection, "metadata": config.metadata_collection, "outbox": "outbox", "fanouts": "fanouts",
-        "fanout_batches": "fanout_batches", "seen": "seen", "edits": "edits",
+        "fanout_batches": "fanout_batches", "fanout_sent": "fanout_sent", "seen": "seen", "edits": "edits",
     }
 
 

@@ -41,6 +41,7 @@ from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
+from .capabilities import Capabilities
 from .clients import DEFAULT_OPTIONS, Collections, Deployments, client_maker, client_options, collection_names, secrets_of
 from .errors import driver_error
 from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
@@ -55,41 +56,6 @@ T = TypeVar("T")
 
 #: The server's error code for a command it does not know.
 COMMAND_NOT_FOUND = 59
-@attrs.frozen
-class Capabilities:
-    """What a server can do; MongoDB-only steps check these instead of failing at random.
-
-    ``sharded`` is true for a mongos (``hello`` answers ``msg: "isdbgrid"``).
-    ``server`` is ``"ferretdb"`` (``buildInfo`` has ``ferretdbVersion``),
-    ``"mongo-java-server"`` (``buildInfo`` has no ``gitVersion``, which every mongod and
-    mongos build reports, and ``serverStatus`` says ``process: "java"``) or ``"mongodb"``
-    (anything else). ``version`` is FerretDB's own version there, else ``buildInfo``'s
-    ``version`` (for mongo-java-server, the MongoDB version it imitates).
-
-    ``atomic_updates`` says whether the server applies one document's filter and update
-    as one step, so that concurrent ``update_one({..., "n": {"$lt": 50}}, {"$push": ...})``
-    calls on one document neither lose an append nor overshoot the filter. It follows
-    from ``server``: true for MongoDB and for mongo-java-server (each of its collections
-    applies writes one at a time), false for FerretDB (v1.24 reads the document, changes
-    it in Go and writes it back in another statement, so concurrent updates of one
-    document are lost; v2 is not tested here and is taken to be the same).
-
-    Example::
-
-        >>> Capabilities(sharded=False, server="ferretdb", version="v1.24.2").atomic_updates
-        False
-    """
-
-    sharded: bool
-    server: str
-    version: str
-    atomic_updates: bool = attrs.field()
-
-    @atomic_updates.default
-    def _atomic_updates_of_server(self) -> bool:
-        return self.server != "ferretdb"
-
-
 class Cluster:
     """One configured cluster: its name, database and collections, on its deployment's shared client.
 
@@ -174,11 +140,8 @@ class Cluster:
         self.call("ping", lambda: client.admin.command("ping"))
 
     def capabilities(self) -> Capabilities:
-        """Ask the server what it is (``hello``, or ``isMaster`` where ``hello`` is unknown, and ``buildInfo``).
-
-        A server whose ``buildInfo`` lacks ``gitVersion`` (not a mongod or mongos build) is
-        also asked ``serverStatus``, to recognise mongo-java-server; see :class:`Capabilities`.
-        """
+        """Ask the server what it is and can do (``hello``, or ``isMaster`` where ``hello`` is unknown, and
+        ``buildInfo``; ``serverStatus`` too when ``buildInfo`` lacks ``gitVersion``); see :class:`Capabilities`."""
         admin = self.client.admin
         try:
             hello = admin.command("hello")
@@ -189,13 +152,8 @@ class Cluster:
         except PyMongoError as exc:
             raise self.error(exc, doing="hello") from exc
         info = self.call("buildInfo", lambda: admin.command("buildInfo"))
-        if "ferretdbVersion" in info:
-            server, version = "ferretdb", info["ferretdbVersion"]
-        elif "gitVersion" not in info and self._process_kind() == "java":
-            server, version = "mongo-java-server", info.get("version")
-        else:
-            server, version = "mongodb", info.get("version")
-        return Capabilities(sharded=hello.get("msg") == "isdbgrid", server=server, version=str(version))
+        process = self._process_kind() if "gitVersion" not in info else None
+        return Capabilities.from_replies(hello, info, process)
 
     def _process_kind(self) -> str | None:
         """``serverStatus``'s ``process`` (``mongod``, ``mongos``, ``java``), or None where it is refused."""

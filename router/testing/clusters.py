@@ -3,6 +3,12 @@
 Backends (``backend=`` or ``$FEED_TEST_BACKEND``):
 
 * ``mongod``: one mongod per cluster, each with its own data folder.
+* ``ferretdb2``: FerretDB v2.7.0 on DocumentDB (:mod:`router.testing.documentdb`), one
+  PostgreSQL server with the DocumentDB extension and one FerretDB process per cluster. It
+  applies one document's filter and update atomically, uses indexes for filters and enforces
+  unique indexes; it has no transactions, no change streams and no index-ordered sorts. A
+  fault (:meth:`LocalServer.kill`, ``pause``) hits the cluster's FerretDB; its PostgreSQL
+  stays up until :meth:`LocalClusters.stop`.
 * ``ferretdb-pg``: FerretDB v1.24.2 with its ``postgresql`` handler, one process per
   cluster, all backed by ONE local PostgreSQL (:mod:`router.testing.postgres`) holding
   one database per cluster. A fault (:meth:`LocalServer.kill`, ``pause``) hits one
@@ -15,8 +21,11 @@ Backends (``backend=`` or ``$FEED_TEST_BACKEND``):
   a restart, and its queries scan rather than use secondary indexes (unique indexes are
   enforced).
 * ``docker``: testcontainers' ``mongo:7``, only when asked for.
-* ``auto`` (the default): ``mongod`` if it is on PATH, else ``ferretdb-pg`` if PostgreSQL's
-  server programs are found, else ``ferretdb-sqlite`` (with a warning).
+* ``auto`` (the default): ``mongod`` if it is on PATH, else ``ferretdb2`` (built on first use
+  by ``scripts/build-ferretdb2``; it fails, saying why, when it cannot be built).
+
+FerretDB v1.24.2 (``ferretdb-pg``, ``ferretdb-sqlite``) stays for what needs a server that
+loses concurrent updates of one document: the refusal of layouts that need atomic appends.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import pymongo
 import pymongo.errors
 
 from .errors import HarnessError
+from .documentdb import DOCUMENTDB_SETTINGS, DOCUMENTDB_VERSION, FERRETDB2_VERSION, ensure_ferretdb2
 from .ferretdb import FERRETDB_VERSION, ensure_ferretdb
 from .javaserver import JAVASERVER_VERSION, ensure_javaserver
 from .postgres import RESERVED_DATABASES, LocalPostgres, find_postgres
@@ -47,7 +57,7 @@ __all__ = ["BACKENDS", "BACKEND_ENV", "LocalClusters"]
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "mongod", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "javaserver", "docker")
+BACKENDS = ("auto", "mongod", "ferretdb2", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "javaserver", "docker")
 """Accepted values for ``backend`` and ``$FEED_TEST_BACKEND`` (``ferretdb`` = ``ferretdb-sqlite``)."""
 
 ALIASES = {"ferretdb": "ferretdb-sqlite"}
@@ -73,16 +83,7 @@ def _resolve_backend(backend: str | None) -> str:
         raise HarnessError(message)
     backend = ALIASES.get(backend, backend)
     if backend == "auto":
-        if shutil.which("mongod"):
-            return "mongod"
-        if find_postgres() is not None:
-            return "ferretdb-pg"
-        logger.warning(
-            "no mongod on PATH and no PostgreSQL server (initdb, pg_ctl, postgres on PATH or "
-            "in /usr/lib/postgresql/*/bin): using FerretDB's SQLite backend "
-            "(install postgresql for the default ferretdb-pg backend)"
-        )
-        return "ferretdb-sqlite"
+        return "mongod" if shutil.which("mongod") else "ferretdb2"
     if backend == "mongod" and not shutil.which("mongod"):
         raise HarnessError(f"{source}: 'mongod' was asked for but is not on PATH")
     if backend == "ferretdb-pg" and find_postgres() is None:
@@ -161,6 +162,8 @@ class LocalClusters:
         self.servers: list[LocalServer] = []
         self.postgres: LocalPostgres | None = None
         """The PostgreSQL behind every cluster on ``ferretdb-pg``, once started; else None."""
+        self.postgres_servers: list[LocalPostgres] = []
+        """Every PostgreSQL started: the one of ``ferretdb-pg``, or one per cluster on ``ferretdb2``."""
         self._temp_dir: Path | None = None
         self._started = False
 
@@ -178,6 +181,9 @@ class LocalClusters:
             >>> LocalClusters(1, backend="ferretdb-sqlite").server_description  # doctest: +SKIP
             'FerretDB v1.24.2 (SQLite)'
         """
+        if self.backend == "ferretdb2":
+            pg = self.postgres_servers[0].version if self.postgres_servers else "15"
+            return f"FerretDB {FERRETDB2_VERSION} (DocumentDB {DOCUMENTDB_VERSION}, PostgreSQL {pg})"
         if self.backend == "ferretdb-pg":
             found = self.postgres.binaries if self.postgres else find_postgres()
             return f"FerretDB {FERRETDB_VERSION} (PostgreSQL {found.version if found else '?'})"
@@ -235,8 +241,10 @@ class LocalClusters:
             with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
                 for future in [pool.submit(server.stop) for server in servers]:
                     future.result()
-        if self.postgres is not None:
-            self.postgres.stop()
+        if self.postgres_servers:
+            with concurrent.futures.ThreadPoolExecutor(len(self.postgres_servers)) as pool:
+                for future in [pool.submit(pg.stop) for pg in self.postgres_servers]:
+                    future.result()
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
@@ -244,9 +252,12 @@ class LocalClusters:
             atexit.unregister(self.stop)
 
     def create_user(self, name: str, password: str) -> None:
-        """Let clients authenticate as ``name``/``password`` (PLAIN) on every cluster.
+        """Let clients authenticate as ``name``/``password`` on every cluster.
 
-        On ``ferretdb-pg`` FerretDB passes PLAIN credentials through to PostgreSQL, which
+        On ``ferretdb2`` this is a ``createUser`` (or ``updateUser``) on each server: clients
+        without credentials are still served (``--no-auth``), a client with credentials must
+        give these, with SCRAM-SHA-256 (the driver's default; PLAIN is refused). On
+        ``ferretdb-pg`` FerretDB passes PLAIN credentials through to PostgreSQL, which
         checks them; this creates (or updates) that PostgreSQL role, with rights on every
         cluster's database. ``ferretdb-sqlite`` accepts any PLAIN credentials, so there is
         nothing to do; ``mongod`` and ``docker`` run without access control and get no user.
@@ -254,14 +265,26 @@ class LocalClusters:
         Example::
 
             >>> clusters.create_user("feed", "s3cret")  # doctest: +SKIP
-            >>> pymongo.MongoClient(f"mongodb://feed:s3cret@127.0.0.1:{port}/?authMechanism=PLAIN")  # doctest: +SKIP
+            >>> pymongo.MongoClient(f"mongodb://feed:s3cret@127.0.0.1:{port}/")  # doctest: +SKIP
         """
+        if self.backend == "ferretdb2":
+            if not self.servers or not all(server.alive for server in self.servers):
+                raise HarnessError("create_user: start the clusters first")
+            for server in self.servers:
+                _create_wire_user(server.uri, name, password)
+            return
         if self.backend != "ferretdb-pg":
             logger.debug("create_user: nothing to do on %s", self.backend)
             return
         if self.postgres is None or not self.postgres.alive:
             raise HarnessError("create_user: start the clusters first")
         self.postgres.create_user(name, password, databases=self.names)
+
+    @property
+    def auth_mechanism(self) -> str:
+        """The ``authMechanism`` a client names with the credentials :meth:`create_user` made: ``PLAIN`` on FerretDB 1
+        (it passes them to PostgreSQL), ``SCRAM-SHA-256`` elsewhere (FerretDB 2 refuses PLAIN)."""
+        return "PLAIN" if self.backend in ("ferretdb-pg", "ferretdb-sqlite") else "SCRAM-SHA-256"
 
     def __enter__(self) -> LocalClusters:
         if not self._started:
@@ -292,9 +315,14 @@ class LocalClusters:
             binary = Path(found)
         elif self.backend == "javaserver":
             binary = ensure_javaserver()
+        elif self.backend == "ferretdb2":
+            tree = ensure_ferretdb2()
+            binary = tree.ferretdb
         else:
             binary = ensure_ferretdb()
         root = self._root()
+        urls: dict[str, str] = {}
+        behind: dict[str, LocalPostgres] = {}  # the PostgreSQL behind each cluster
         if self.backend == "ferretdb-pg":
             self.postgres = LocalPostgres.create(
                 root / POSTGRES_DIR,
@@ -302,10 +330,31 @@ class LocalClusters:
                 detached=self.detached,
                 max_connections=100 * self.count + 20,  # FerretDB pools: 50 a role, 2 roles
             )
+            self.postgres_servers.append(self.postgres)
             self.postgres.start(databases=self.names, timeout=self.timeout)
+            urls = {name: self.postgres.url(name) for name in self.names}
+            behind = {name: self.postgres for name in self.names}
+        elif self.backend == "ferretdb2":
+            binaries = tree.binaries
+            for name in self.names:
+                self.postgres_servers.append(LocalPostgres.create(
+                    root / name / POSTGRES_DIR,
+                    log_path=root / name / POSTGRES_LOG,
+                    binaries=binaries,
+                    detached=self.detached,
+                    max_connections=200,
+                    settings=DOCUMENTDB_SETTINGS,
+                    library_path=tree.library_path,
+                    extensions=("documentdb",),
+                ))
+            with concurrent.futures.ThreadPoolExecutor(len(self.postgres_servers)) as pool:
+                for future in [pool.submit(pg.start, timeout=self.timeout) for pg in self.postgres_servers]:
+                    future.result()
+            behind = dict(zip(self.names, self.postgres_servers, strict=True))
+            urls = {name: pg.url("postgres") for name, pg in behind.items()}
         for name, port in zip(self.names, self.ports or free_ports(self.count), strict=True):
             data_dir = root / name
-            url = None if self.postgres is None else self.postgres.url(name)
+            url = urls.get(name)
             server = LocalServer(
                 name=name,
                 port=port,
@@ -316,7 +365,7 @@ class LocalClusters:
                     self.backend, data_dir=data_dir, port=port, binary=binary, postgresql_url=url
                 ),
                 detached=self.detached,
-                extra_logs=() if self.postgres is None else (self.postgres.log_path,),
+                extra_logs=(behind[name].log_path,) if name in behind else (),
             )
             self.servers.append(server)
             server._spawn()
@@ -357,3 +406,15 @@ class LocalClusters:
                     container=container,
                 )
             )
+
+
+def _create_wire_user(uri: str, name: str, password: str) -> None:
+    """``createUser`` (``updateUser`` if it exists) on the server at *uri*, with no roles (``--no-auth`` serves all)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, directConnection=True, serverSelectionTimeoutMS=10_000)
+    with client:
+        users = client.admin.command("usersInfo", name).get("users", [])
+        if users:
+            client.admin.command("updateUser", name, pwd=password)
+        else:
+            client.admin.command("createUser", name, pwd=password, roles=[])
+    logger.info("%s %s on %s", "updated" if users else "created", name, uri)

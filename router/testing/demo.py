@@ -1,21 +1,20 @@
 """The demo: four local clusters, three periods and a rollover to buckets, a few thousand feed items read back newest first.
 
 Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own four local
-servers (three on mongod if on PATH, else FerretDB; the fourth on mongo-java-server),
+servers (mongod if on PATH, else FerretDB 2 on DocumentDB, the default local server),
 adds the clusters one at a time the way an operator does (clusters.yaml grows,
 add-cluster gives each its period), writes fanned-out posts (including late events that
 belong to older periods), pages one receiver's feed across the period boundaries,
 deletes one post from every receiver's feed by ``data_key``, lets the rollover
 scheduler hand the next period to the standby fourth cluster in the ``buckets`` layout
-(``rollover.layout: buckets``; mongo-java-server appends to a bucket atomically, as
-FerretDB does not), reads one page that spans the last per-copy period and the first
+(``rollover.layout: buckets``; the server must append to a bucket atomically: with
+``--backend`` set to FerretDB 1, which does not, the standby runs on mongo-java-server), reads one page that spans the last per-copy period and the first
 buckets period, checks every claim with plain pymongo (the documents that page needed
 in each layout among them), and stops the servers. On the way, through the asyncio
 door, it publishes a celebrity's post that followers pull at read time and rebuilds a
 dormant user's feed by backfill; and it fans one post out to thousands of followers on
 a real Celery worker (``feedrouter worker``) through a local Redis, which it also
-starts and stops (so it needs ``redis-server``, and a JDK and Maven for
-mongo-java-server: scripts/bootstrap installs them).
+starts and stops (so it needs ``redis-server``: scripts/bootstrap installs it).
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ from ..model import Activity, FeedItem, Page
 from ..storage.clusters import Clusters
 from ..sync import FeedRouter
 from .bench_celery import WorkerProcess
-from .javaserver import JAVASERVER_VERSION
 from .localservers import LocalClusters
 from .process import log_tail
 from .redis import LocalRedis
@@ -98,6 +96,10 @@ class _Out:
         self.stream.flush()
 
 
+FERRETDB1_BACKENDS = ("ferretdb-pg", "ferretdb-sqlite", "ferretdb")
+"""The backends whose server (FerretDB 1) cannot append to a bucket atomically."""
+
+
 def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, seed: int = 2016) -> int:
     """Run the demo, writing its report to *stream*; return 0 when every check held, else 1."""
     out = _Out(stream)
@@ -105,20 +107,22 @@ def run_demo(stream: TextIO, *, posts: int = 800, backend: str | None = None, se
     now = datetime.now(UTC).replace(microsecond=0)
     periods = demo_periods(now)
     names = ["cluster_1", "cluster_2", "cluster_3"]
-    out("== starting four local clusters (cluster_4, the standby for the rollover, on mongo-java-server) and a Redis broker")
+    # The period cluster_4 opens is in buckets, which needs a server that appends to one document atomically;
+    # FerretDB 1 does not, so with it the standby runs on mongo-java-server.
+    local_clusters = LocalClusters(3, names=names, backend=backend)
+    old_ferret = local_clusters.backend in FERRETDB1_BACKENDS
+    out("== starting four local clusters (cluster_4 is the standby for the rollover) and a Redis broker")
     with (
         LocalRedis() as broker,  # first: without redis-server the demo stops here, saying how to install it
-        LocalClusters(3, names=names, backend=backend) as local,
-        # The period cluster_4 opens is in buckets, which needs a server that appends to one document atomically
-        # (FerretDB v1 does not); its folder sits beside the others, so one folder names every server process.
-        LocalClusters(1, names=["cluster_4"], backend="javaserver", base_dir=local.servers[0].data_dir.parent) as standby,
+        local_clusters as local,
+        # its folder sits beside the others, so one folder names every server process
+        LocalClusters(1, names=["cluster_4"], backend="javaserver" if old_ferret else local.backend,
+                      base_dir=local.servers[0].data_dir.parent) as standby,
         tempfile.TemporaryDirectory() as tmp,
     ):
-        for server in local.servers:
+        out(f"   on {local.server_description}" + (f"; cluster_4 on {standby.server_description}" if old_ferret else ""))
+        for server in [*local.servers, *standby.servers]:
             out(f"   {server.name}: {server.uri} ({server.backend}, data in {server.data_dir})")
-        for server in standby.servers:
-            out(f"   {server.name}: {server.uri} (mongo-java-server {JAVASERVER_VERSION}, in memory; "
-                "it appends to one document atomically, as buckets need)")
         out(f"   broker: {broker.url} (redis-server, data in {broker.data_dir})")
         servers = [*local.servers, *standby.servers]
         config_path = Path(tmp) / "clusters.yaml"

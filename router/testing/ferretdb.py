@@ -40,23 +40,23 @@ FERRETDB_MODULE = "github.com/FerretDB/FerretDB"
 CACHE_ENV = "FEEDROUTER_CACHE"
 
 def cache_dir() -> Path:
-    """Return the folder where built tools (the FerretDB binary) are kept.
+    """Return the folder, outside any checkout, where built servers are kept (shared by every checkout).
 
-    ``$FEEDROUTER_CACHE`` if set; else ``<checkout>/.cache`` when this package sits in a
-    source checkout (a ``pyproject.toml`` beside ``router/``); else ``~/.cache/feed-router``.
+    ``$FEEDROUTER_CACHE`` if set; else ``/var/cache/feed-router`` as root (PostgreSQL's own
+    user, which runs the ``ferretdb2`` servers, must read it; ``/root`` is closed to it);
+    else ``${XDG_CACHE_HOME:-~/.cache}/feed-router``. ``scripts/build-ferretdb2`` uses the same rule.
 
     Example::
 
         >>> cache_dir()  # doctest: +SKIP
-        PosixPath('/work/main/.cache')
+        PosixPath('/var/cache/feed-router')
     """
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").exists():
-        return checkout / ".cache"
-    return Path.home() / ".cache" / "feed-router"
+    if os.geteuid() == 0:
+        return Path("/var/cache/feed-router")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "feed-router"
 
 
 def ensure_ferretdb(*, cache: Path | None = None) -> Path:
@@ -69,7 +69,7 @@ def ensure_ferretdb(*, cache: Path | None = None) -> Path:
     Example::
 
         >>> ensure_ferretdb()  # doctest: +SKIP
-        PosixPath('/work/main/.cache/ferretdb-v1.24.2/ferretdb')
+        PosixPath('/var/cache/feed-router/ferretdb-v1.24.2/ferretdb')
     """
     cache = cache_dir() if cache is None else cache
     binary = cache / f"ferretdb-{FERRETDB_VERSION}" / "ferretdb"

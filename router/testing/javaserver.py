@@ -141,7 +141,7 @@ def ensure_javaserver(*, cache: Path | None = None) -> Path:
     Example::
 
         >>> ensure_javaserver()  # doctest: +SKIP
-        PosixPath('/work/main/.cache/mongo-java-server-1.47.0')
+        PosixPath('/var/cache/feed-router/mongo-java-server-1.47.0')
     """
     cache = cache_dir() if cache is None else cache
     home = cache / f"mongo-java-server-{JAVASERVER_VERSION}"

@@ -3,12 +3,12 @@
 This is the public face of the harness: :class:`LocalClusters` (several servers started and
 stopped together; the backends are described in :mod:`router.testing.clusters`),
 :class:`LocalServer` (one of them, with the faults tests inject), :func:`ensure_ferretdb`,
-:func:`ensure_javaserver` and the command line. Each cluster is one server process with its
-own free port: mongod, or FerretDB v1.24.2 over one local PostgreSQL (the default without
-mongod) or over SQLite, or (when asked for) mongo-java-server in memory. FerretDB is built
-from its Go module into a cache folder the first time it is needed (about a minute; see
-:mod:`router.testing.ferretdb`); mongo-java-server is fetched with Maven there (see
-:mod:`router.testing.javaserver`).
+:func:`ensure_ferretdb2`, :func:`ensure_javaserver` and the command line. Each cluster is one server process with its
+own free port: mongod, or FerretDB v2.7.0 on DocumentDB over a PostgreSQL of its own (the
+default without mongod; see :mod:`router.testing.documentdb`), or FerretDB v1.24.2 over one
+local PostgreSQL or over SQLite, or mongo-java-server in memory. The servers are built or
+fetched into a cache folder outside the checkout the first time they are needed
+(:func:`cache_dir`).
 
 Use it when you need real servers on this machine; do not use it to run anything that
 must outlive a test session unattended (the CLI ``start``/``stop`` pair is the closest
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .clusters import BACKEND_ENV, BACKENDS, LocalClusters
+from .documentdb import FERRETDB2_VERSION, ensure_ferretdb2
 from .errors import HarnessError
 from .ferretdb import CACHE_ENV, FERRETDB_VERSION, cache_dir, ensure_ferretdb
 from .javaserver import JAVASERVER_VERSION, LocalJavaServer, ensure_javaserver
@@ -50,6 +51,7 @@ __all__ = [
     "BACKENDS",
     "BACKEND_ENV",
     "CACHE_ENV",
+    "FERRETDB2_VERSION",
     "FERRETDB_VERSION",
     "JAVASERVER_VERSION",
     "HarnessError",
@@ -58,6 +60,7 @@ __all__ = [
     "LocalServer",
     "cache_dir",
     "ensure_ferretdb",
+    "ensure_ferretdb2",
     "ensure_javaserver",
     "main",
 ]
@@ -81,7 +84,12 @@ def _stop_recorded(entries: list[dict[str, Any]], *, sig: signal.Signals) -> Non
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    print(ensure_javaserver() if args.server == "javaserver" else ensure_ferretdb())
+    if args.server == "javaserver":
+        print(ensure_javaserver())
+    elif args.server == "ferretdb2":
+        print(ensure_ferretdb2().root)
+    else:
+        print(ensure_ferretdb())
     return 0
 
 
@@ -107,12 +115,11 @@ def _cmd_start(args: argparse.Namespace) -> int:
         }
         for server in clusters.servers
     ]
-    if clusters.postgres is not None:
-        pg = clusters.postgres
+    for pg in clusters.postgres_servers:
         entries.append(
             {
                 "kind": "postgres",
-                "name": "postgres",
+                "name": f"PostgreSQL on port {pg.port}",
                 "port": pg.port,
                 "pid": pg.pid,
                 "version": pg.version,
@@ -184,15 +191,16 @@ def _parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser(
         "build",
-        help=f"build FerretDB {FERRETDB_VERSION} (or fetch mongo-java-server {JAVASERVER_VERSION}); print its path",
+        help=f"build FerretDB {FERRETDB2_VERSION} on DocumentDB (or FerretDB {FERRETDB_VERSION}, or fetch "
+        f"mongo-java-server {JAVASERVER_VERSION}); print its path",
     )
     build.add_argument(
         "server",
         nargs="?",
-        choices=("ferretdb", "javaserver"),
-        default="ferretdb",
-        help="ferretdb (default): build the binary with Go; javaserver: fetch the jars with Maven "
-        "and compile the launcher with javac",
+        choices=("ferretdb2", "ferretdb", "javaserver"),
+        default="ferretdb2",
+        help="ferretdb2 (default): PostgreSQL with DocumentDB and FerretDB 2, by scripts/build-ferretdb2; "
+        "ferretdb: FerretDB 1 with Go; javaserver: fetch the jars with Maven and compile the launcher with javac",
     )
     build.set_defaults(handler=_cmd_build)
 
@@ -202,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
             "--backend",
             choices=BACKENDS,
             default=None,
-            help=f"default: ${BACKEND_ENV}, else auto (ferretdb = ferretdb-sqlite)",
+            help=f"default: ${BACKEND_ENV}, else auto (mongod if on PATH, else ferretdb2; ferretdb = ferretdb-sqlite)",
         )
         p.add_argument(
             "--timeout",

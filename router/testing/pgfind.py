@@ -19,7 +19,7 @@ import attrs
 
 from .errors import HarnessError
 
-__all__ = ["SEARCH_GLOB", "PostgresBinaries", "find_postgres", "is_program"]
+__all__ = ["SEARCH_GLOB", "PostgresBinaries", "find_postgres", "is_program", "server_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _find_postgres(path_env: str) -> PostgresBinaries | None:
     for folder in dict.fromkeys(folders):  # unique, PATH first
         if not all(is_program(folder / name) for name in _SERVER_PROGRAMS):
             continue
-        version = _server_version(folder / "postgres")
+        version = server_version(folder / "postgres")
         if version is None:
             continue
         found_binaries = PostgresBinaries(bin_dir=folder, version=version)
@@ -114,7 +114,8 @@ def is_program(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _server_version(postgres: Path) -> str | None:
+def server_version(postgres: Path) -> str | None:
+    """``major.minor`` of the server program *postgres* (``15.18``), or None if it does not run."""
     try:
         result = subprocess.run(
             [str(postgres), "--version"], capture_output=True, text=True, timeout=30, check=False

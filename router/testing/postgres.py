@@ -40,7 +40,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -149,6 +149,12 @@ class LocalPostgres:
     """The symlink to a temporary ``data_dir``, at the place that was asked for."""
     detached: bool = attrs.field(default=False, repr=False)
     max_connections: int = attrs.field(default=CONNECTIONS_PER_DATABASE, repr=False)
+    settings: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    """Server settings besides the harness's own (``shared_preload_libraries`` for DocumentDB)."""
+    library_path: Path | None = attrs.field(default=None, repr=False)
+    """A folder the server's shared libraries are looked for in first (``LD_LIBRARY_PATH``)."""
+    extensions: tuple[str, ...] = attrs.field(default=(), repr=False)
+    """Extensions created (with their requirements) in the ``postgres`` database after the first start."""
     _process: subprocess.Popen[bytes] | None = attrs.field(default=None, repr=False, alias="process")
 
     @classmethod
@@ -161,10 +167,15 @@ class LocalPostgres:
         port: int | None = None,
         detached: bool = False,
         max_connections: int = CONNECTIONS_PER_DATABASE,
+        settings: Mapping[str, str] | None = None,
+        library_path: Path | None = None,
+        extensions: Sequence[str] = (),
     ) -> LocalPostgres:
         """Prepare ``data_dir`` (owned by the ``postgres`` user when we are root).
 
-        ``binaries`` default to :func:`find_postgres`; ``port`` to a free port.
+        ``binaries`` default to :func:`find_postgres`; ``port`` to a free port. ``settings``,
+        ``library_path`` and ``extensions`` serve servers with extensions (DocumentDB, see
+        :mod:`router.testing.documentdb`).
         """
         binaries = binaries or find_postgres()
         if binaries is None:
@@ -183,6 +194,9 @@ class LocalPostgres:
             link=link,
             detached=detached,
             max_connections=max_connections,
+            settings=dict(settings or {}),
+            library_path=library_path,
+            extensions=tuple(extensions),
         )
 
     @property
@@ -214,7 +228,8 @@ class LocalPostgres:
             raise HarnessError(f"PostgreSQL in {self.data_dir} is already running")
         for name in databases:
             _check_database_name(name)
-        if not (self.data_dir / "PG_VERSION").exists():
+        fresh = not (self.data_dir / "PG_VERSION").exists()
+        if fresh:
             self._initdb()
         (self.data_dir / "pg_hba.conf").write_text(_HBA.format(superuser=SUPERUSER))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +238,7 @@ class LocalPostgres:
             self.log_path,
             detached=self.detached,
             cwd="/",  # the postgres user may not be able to enter ours
-            env=_environment(),
+            env=self._server_environment(),
         )
         logger.info(
             "started PostgreSQL %s: pid %d on port %d, data in %s",
@@ -234,6 +249,8 @@ class LocalPostgres:
         )
         try:
             self._wait_ready(timeout=timeout)
+            if fresh and self.extensions:
+                self._psql("".join(f"CREATE EXTENSION IF NOT EXISTS {quote_identifier(e)} CASCADE;\n" for e in self.extensions))
             self.create_databases(databases)
         except BaseException:
             self.stop()
@@ -304,8 +321,15 @@ class LocalPostgres:
             "synchronous_commit": "off",
             "full_page_writes": "off",
         }
+        settings.update(self.settings)
         options = [item for key, value in settings.items() for item in ("-c", f"{key}={value}")]
         return [*_run_as(), str(self.binaries.postgres), "-D", str(self.data_dir), *options]
+
+    def _server_environment(self) -> dict[str, str]:
+        env = _environment()
+        if self.library_path is not None:
+            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(self.library_path), env.get("LD_LIBRARY_PATH")]))
+        return env
 
     def _initdb(self) -> None:
         command = [

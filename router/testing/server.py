@@ -20,6 +20,7 @@ import pymongo
 import pymongo.errors
 
 from .errors import HarnessError
+from .documentdb import ferretdb2_command
 from .ferretdb import ferretdb_command
 from .javaserver import javaserver_command
 from .process import DEFAULT_TIMEOUT, STOP_GRACE, log_tail, spawn_logged, stop_process
@@ -49,6 +50,10 @@ def server_command(
         ]  # fmt: skip
     if backend == "javaserver":
         return javaserver_command(binary, port=port, data_dir=data_dir)
+    if backend == "ferretdb2":
+        if postgresql_url is None:
+            raise ValueError("ferretdb2 needs postgresql_url")
+        return ferretdb2_command(binary, port=port, state_dir=data_dir, postgresql_url=postgresql_url)
     if backend == "ferretdb-pg":
         return ferretdb_command(binary, port=port, state_dir=data_dir, postgresql_url=postgresql_url)
     return ferretdb_command(binary, port=port, state_dir=data_dir, sqlite_dir=data_dir)
@@ -59,8 +64,8 @@ class LocalServer:
     """One local MongoDB-wire server process: its name, port, URI, data folder and backend.
 
     Made by :class:`LocalClusters`; the methods act on the running process so tests can
-    simulate failures. On ``ferretdb-pg`` they act on this cluster's FerretDB process
-    only: the PostgreSQL behind every cluster stays up.
+    simulate failures. On ``ferretdb2`` and ``ferretdb-pg`` they act on this cluster's FerretDB
+    process only: the PostgreSQL behind it stays up.
 
     Example::
 

@@ -44,6 +44,21 @@ def servers(request: pytest.FixtureRequest) -> Iterator[LocalClusters]:
         yield local
 
 
+#: The backends whose server is FerretDB 1, which loses concurrent updates of one document.
+FERRETDB1 = ("ferretdb-pg", "ferretdb-sqlite")
+
+
+@pytest.fixture(scope="session")
+def ferretdb1(servers: LocalClusters) -> Iterator[LocalClusters]:
+    """Three FerretDB 1 servers (SQLite), for what needs a server without atomic appends (the refusals of buckets):
+    the session's servers when they are FerretDB 1 already."""
+    if servers.backend in FERRETDB1:
+        yield servers
+        return
+    with LocalClusters(3, names=list(NAMES), backend="ferretdb-sqlite") as local:
+        yield local
+
+
 @pytest.fixture(autouse=True)
 def _server_keeps_what_the_test_needs(request: pytest.FixtureRequest) -> None:
     """A ``needs_durable_server`` test run on in-memory servers fails at once, saying why (deselect it there)."""

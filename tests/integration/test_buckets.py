@@ -30,6 +30,7 @@ from router.errors import PeriodChangeRefused
 from router.model import ClusterMeta
 from router.storage.clusters import Cluster, Clusters
 from router.testing.javaserver import LocalJavaServer
+from router.testing.localservers import LocalClusters
 
 from .buckets_child import BASE, activity
 from .conftest import P0, P1, P2, register
@@ -86,18 +87,18 @@ def newest_first(items: list[FeedItem]) -> bool:
     return keys == sorted(keys, reverse=True) and len(set(keys)) == len(keys)
 
 
-def test_ferretdb_is_refused_buckets(make_config: Callable[..., RouterConfig]) -> None:
-    """A period in buckets on FerretDB is refused before anything is written, naming why."""
-    config = make_config()
+def test_ferretdb_is_refused_buckets(make_config: Callable[..., RouterConfig], ferretdb1: LocalClusters) -> None:
+    """A period in buckets on FerretDB 1 is refused before anything is written, naming why."""
+    config = make_config(uris=ferretdb1.uris)
     with Clusters(config) as clusters, pytest.raises(PeriodChangeRefused, match="does not apply one document's filter"):
         plan_period(clusters, name="cluster_3", start=P2, layout="buckets")
     with Clusters(config) as clusters, pytest.raises(PeriodChangeRefused, match="layout 'heap' is not one of"):
         plan_period(clusters, name="cluster_3", start=P2, layout="heap")
 
 
-def test_check_names_a_buckets_period_on_ferretdb(make_config: Callable[..., RouterConfig]) -> None:
-    """A buckets period written onto FerretDB behind the router's back is a problem `feedrouter check` names."""
-    config = make_config()
+def test_check_names_a_buckets_period_on_ferretdb(make_config: Callable[..., RouterConfig], ferretdb1: LocalClusters) -> None:
+    """A buckets period written onto FerretDB 1 behind the router's back is a problem `feedrouter check` names."""
+    config = make_config(uris=ferretdb1.uris)
     register(config)
     cluster = Cluster(config.clusters[2], config)
     try:

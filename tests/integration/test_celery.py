@@ -30,7 +30,7 @@ from pymongo import MongoClient
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, data_key
 from router.cli import main
-from router.core.checkpoint import open_checkpoint
+from router.core.checkpoint import announce_batch, open_checkpoint
 from router.fanout.celery import ACTIVE_QUEUE, BATCH_TASK, INACTIVE_QUEUE, make_app, publish_fan_out, send_batch
 from router.fanout.celery_plan import check_json_data, inactive_job_id, plan_parts, sendable
 from router.observe.prometheus import PrometheusMetrics
@@ -366,6 +366,7 @@ def test_a_batch_delivered_twice_writes_nothing_the_second_time(
     app = make_app(broker_url)
     job = router.plan_fan_out(activity(7))
     router.clusters.run(open_checkpoint(job, timeout=5))
+    router.clusters.run(announce_batch([job], 0, timeout=5))  # what publish_fan_out does before sending a batch
     receivers = list(range(3000, 4000))
     send_batch(app, job, 0, 0, receivers)
     send_batch(app, job, 0, 0, receivers)
@@ -431,6 +432,7 @@ def test_a_worker_reports_through_metrics_traces_and_listeners(
                    event_listeners=[listener])
     job = router.plan_fan_out(activity(9))
     router.clusters.run(open_checkpoint(job, timeout=5))
+    router.clusters.run(announce_batch([job], 0, timeout=5))
     args = [job.to_json(), 0, 0, list(range(500)), []]
     try:
         for _ in range(2):  # the second delivery finds every copy present
@@ -526,3 +528,43 @@ def test_a_lost_batch_and_a_stray_one_never_read_as_done(
     assert (again.tasks_sent, again.batches_resumed) == (1, 1)
     wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done")
     assert_one_copy_each(raw_clients, db_name, range(2000))
+
+
+def test_a_batch_the_publisher_never_sent_is_refused_before_and_after_the_job_exists(
+    publisher: tuple[RouterConfig, FeedRouter], workers: Callable[..., list[WorkerProcess]], broker_url: str,
+    raw_clients: Clients, db_name: str,
+) -> None:
+    """A task made by hand for batch 1,000,000 of a job that ends with 5 batches is refused whenever a worker takes
+    it: before the job record exists, and while the publisher is between batches 3 and 4 (the record there, its
+    total not known yet). It writes nothing and leaves no record; the job ends 5 of 5 done with records 0 to 4."""
+    config, router = publisher
+    pool = workers(config, broker_url)
+    app = make_app(broker_url)
+    job = router.plan_fan_out(activity(15))
+    stray = range(900_000, 900_010)
+    send_batch(app, job, 1_000_000, 1_000_000_000, stray)  # before the job exists
+    wait_for("the early stray refused", lambda: len(refusals(pool)) == 1, timeout=60)
+    handled: list[int] = []
+
+    def followers() -> Iterator[int]:
+        for r in range(5000):
+            if r == 4500 and not handled:  # batches 0..3 sent, the job's record open, its total not known yet
+                send_batch(app, job, 1_000_000, 1_000_000_000, stray)
+                wait_for("the stray and batches 0..3 handled", lambda: broker_idle(broker_url) and (
+                    len(refusals(pool)) == 2 or raw_clients[OWNER][db_name].fanout_batches.count_documents(
+                        {"job": job.job_id, "n": 1_000_000}) == 1), timeout=60)
+                handled.append(r)
+            yield r
+
+    published = publish_fan_out(router, app, activity(15), followers())
+    assert handled and published.batches_total == 5
+    wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done")
+    records = sorted(d["n"] for d in raw_clients[OWNER][db_name].fanout_batches.find({"job": job.job_id}))
+    assert records == [0, 1, 2, 3, 4], records
+    assert not set(stored(raw_clients, db_name)) & set(stray)
+    assert_one_copy_each(raw_clients, db_name, range(5000))
+    lines = "\n".join(refusals(pool))  # (one worker's lines, then the other's)
+    assert len(refusals(pool)) == 2
+    assert f"fan-out {job.job_id!r}: batch 1000000 refused, nothing written: job: has no checkpoint" in lines
+    assert (f"fan-out {job.job_id!r}: batch 1000000 refused, nothing written: number: was never sent by the job's "
+            "publisher") in lines, lines

@@ -53,7 +53,7 @@ def running_with(folder: str) -> list[int]:
 
 def test_demo_runs_and_leaves_no_server(servers: LocalClusters) -> None:
     """The demo's checks all hold (the Celery fan-out's and the rollover to buckets' too), it exits 0, and its servers
-    (mongo-java-server's too), Redis and worker are gone afterwards."""
+    (four on the session's backend, PostgreSQL behind them where there is one), Redis and worker are gone afterwards."""
     result = feedrouter("demo", "--posts", "60")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all checks passed" in result.stdout and "copies written by a Celery worker" in result.stdout
@@ -66,10 +66,11 @@ def test_demo_runs_and_leaves_no_server(servers: LocalClusters) -> None:
     assert spent["copies"][0] == spent["copies"][1] and spent["buckets"][1] == -(-spent["buckets"][0] // 50)
     assert "[ok] every bucket holds at most 50 copies" in result.stdout
     assert "[ok] every one of the page's 100 items is stored exactly once (in all four clusters)" in result.stdout
-    assert re.search(r"^   cluster_4: mongodb://\S+ \(mongo-java-server ", result.stdout, re.M)
+    standby = "javaserver" if servers.backend in ("ferretdb-pg", "ferretdb-sqlite") else servers.backend
+    assert re.search(rf"^   cluster_4: mongodb://\S+ \({standby}, data in ", result.stdout, re.M)
     folders = set(re.findall(r"data in (\S+)/cluster_\d", result.stdout))
     assert len(folders) == 1
-    assert running_with(folders.pop()) == []  # the JVM's command line names that folder too
+    assert running_with(folders.pop()) == []  # every server's command line (PostgreSQL's, a JVM's) names that folder
     broker = re.search(r"broker: \S+ \(redis-server, data in (\S+)\)", result.stdout)
     worker = re.search(r"worker \(pid (\d+)\) ready", result.stdout)
     assert broker is not None and worker is not None
@@ -87,6 +88,29 @@ def test_check_prints_the_time_map(make_config: Callable[..., RouterConfig], tmp
     as_json = json.loads(feedrouter("--json", "-c", str(path), "check").stdout)
     assert [c["name"] for c in as_json["clusters"]] == ["cluster_1", "cluster_2", "cluster_3"]
     assert as_json["clusters"][2]["end_date"] is None
+
+
+def test_check_shows_what_each_server_can_do(make_config: Callable[..., RouterConfig], tmp_path: Path,
+                                             servers: LocalClusters) -> None:
+    """check names each cluster's server and its capabilities, as the server reports them (text and JSON)."""
+    config = make_config()
+    register(config)
+    path = write_yaml(tmp_path / "clusters.yaml", config)
+    result = feedrouter("-c", str(path), "check")
+    as_json = json.loads(feedrouter("--json", "-c", str(path), "check").stdout)
+    caps = as_json["capabilities"]
+    assert sorted(caps) == ["cluster_1", "cluster_2", "cluster_3"]
+    expected = {  # what each local backend is, as check must find it out from the server itself
+        "ferretdb2": ("ferretdb", True, False, False, False),
+        "javaserver": ("mongo-java-server", True, False, False, False),
+        "ferretdb-pg": ("ferretdb", False, False, False, False),
+        "ferretdb-sqlite": ("ferretdb", False, False, False, False),
+    }[servers.backend]
+    for name, one in caps.items():
+        assert (one["server"], one["atomic_updates"], one["transactions"], one["change_streams"],
+                one["index_ordered_sorts"]) == expected
+        assert f"server of {name}: {one['server']} {one['version']}: sharded (mongos) no, atomic updates " \
+               f"{'yes' if expected[1] else 'no'}, transactions no, change streams no, index-ordered sorts no" in result.stdout
 
 
 def test_check_config_error_exits_2_without_traceback(tmp_path: Path) -> None:
@@ -202,3 +226,33 @@ def test_status_shows_what_a_service_saw(make_config: Callable[..., RouterConfig
     assert [rows[c][1:3] for c in ("cluster_1", "cluster_2", "cluster_3")] == [["3", "0"]] * 3
     assert all(rows[c][4] == "yes" for c in rows)
     assert [r["metrics"]["requests"] for r in as_json] == [3, 3, 3] and all(r["metrics"]["mean_ms"] > 0 for r in as_json)
+
+
+def test_unseen_arguments(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
+    """`unseen`: a --cap outside 1..10000 and an int receiver past 64 bits are usage errors (exit 2, before any
+    cluster is asked); only ASCII digits make an int id (other Unicode digits are a str id, as the router stores
+    it); --json works after the subcommand as before it."""
+    config = make_config()
+    register(config)
+    path = str(write_yaml(tmp_path / "clusters.yaml", config))
+    for args, message in [
+        (["5", "--cap", "0"], "--cap: must be an int from 1 to 10000 (got 0)"),
+        (["5", "--cap", "-3"], "--cap: must be an int from 1 to 10000 (got -3)"),
+        (["5", "--cap", "100000"], "--cap: must be an int from 1 to 10000 (got 100000)"),
+        (["5", "--cap", "５"], "--cap: must be an int from 1 to 10000 (got '５')"),
+        (["18446744073709551616"], "RECEIVER: an int id must fit in 64 bits, from -2**63 to 2**63 - 1 (got 18446744073709551616)"),
+        (["--", "-9223372036854775809"], "RECEIVER: an int id must fit in 64 bits"),
+        ([""], "RECEIVER: must be a non-empty"),
+    ]:
+        result = feedrouter("-c", path, "unseen", *args)
+        assert (result.returncode, result.stdout) == (2, ""), (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    for text, shown in [("²", "'²'"), ("５", "'５'"), ("-7", "-7"), ("9223372036854775807", "9223372036854775807"),
+                        ("--5", "'--5'")]:
+        result = feedrouter("-c", path, "unseen", "--", text) if text.startswith("-") else feedrouter("-c", path, "unseen", text)
+        assert result.returncode == 0, (text, result.stderr)
+        assert result.stdout.startswith(f"receiver {shown}: 0 unseen; nothing marked seen"), (text, result.stdout)
+    before = json.loads(feedrouter("--json", "-c", path, "unseen", "５", "--cap", "3").stdout)
+    after = feedrouter("-c", path, "unseen", "５", "--json", "--cap", "3")
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == before and before["receiver_id"] == "５" and before["unseen"] == 0

@@ -46,13 +46,9 @@ def javaserver() -> Iterator[LocalJavaServer]:
 
 
 @pytest.fixture(scope="module")
-def ferretdb_uri(servers: LocalClusters) -> Iterator[str]:
-    """A FerretDB: the session's servers when they are FerretDB, else one of its own on SQLite."""
-    if servers.backend.startswith("ferretdb"):
-        yield servers.uris[0]
-        return
-    with LocalClusters(1, backend="ferretdb-sqlite", names=["ferret"]) as own:
-        yield own.uris[0]
+def ferretdb_uri(ferretdb1: LocalClusters) -> str:
+    """A FerretDB 1 (its updates of one document are not atomic)."""
+    return ferretdb1.uris[0]
 
 
 @attrs.frozen
@@ -143,7 +139,7 @@ def test_javaserver_is_recognised_and_updates_atomically(javaserver: LocalJavaSe
 def test_ferretdb_is_reported_non_atomic_and_its_race_recorded(
     ferretdb_uri: str, record_property: Any
 ) -> None:
-    """capabilities().atomic_updates is False on FerretDB; what the same race keeps there is recorded, not asserted."""
+    """capabilities().atomic_updates is False on FerretDB 1; what the same race keeps there is recorded, not asserted."""
     caps = capabilities(ferretdb_uri)
     assert (caps.server, caps.atomic_updates) == ("ferretdb", False)
     result = race(ferretdb_uri, cap=APPENDS * PROCESSES)

@@ -13,7 +13,7 @@ import pymongo
 import pymongo.errors
 import pytest
 
-from router.testing.localservers import FERRETDB_VERSION, LocalClusters, ensure_ferretdb
+from router.testing.localservers import FERRETDB2_VERSION, FERRETDB_VERSION, LocalClusters, ensure_ferretdb
 from router.testing.redis import LocalRedis
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,6 +160,60 @@ def test_pg_backend_runs_clusters_on_one_postgres(tmp_path: Path) -> None:
     clusters.stop()  # idempotent
 
 
+def test_ferretdb2_runs_each_cluster_on_its_own_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ferretdb2 (the default): a PostgreSQL with DocumentDB and a FerretDB 2 per cluster; faults hit FerretDB only."""
+    monkeypatch.delenv("FEED_TEST_BACKEND", raising=False)
+    clusters = LocalClusters(2, base_dir=tmp_path)
+    assert clusters.backend == "ferretdb2"  # no mongod on this machine: auto is FerretDB 2
+    try:
+        clusters.start()
+        assert clusters.postgres is None and len(clusters.postgres_servers) == 2
+        first, second = clusters.servers
+        pg1, pg2 = clusters.postgres_servers
+        assert clusters.server_description == f"FerretDB {FERRETDB2_VERSION} (DocumentDB 0.107-0, PostgreSQL {pg1.version})"
+        assert f"--postgresql-url=postgres://postgres@127.0.0.1:{pg1.port}/postgres?" in _cmdline(first.pid)
+        assert f"--postgresql-url=postgres://postgres@127.0.0.1:{pg2.port}/postgres?" in _cmdline(second.pid)
+        assert "shared_preload_libraries=pg_cron,pg_documentdb_core,pg_documentdb" in _cmdline(pg1.pid)
+        with _client(first.uri) as one, _client(second.uri) as two:
+            assert one.admin.command("buildInfo")["ferretdb"]["version"] == FERRETDB2_VERSION
+            one.shared_name.items.insert_one({"_id": 1, "text": "only in cluster_1"})
+            assert two.shared_name.items.find_one({"_id": 1}) is None
+        first.kill()
+        assert not first.alive and second.alive and pg1.alive
+        first.restart()
+        with _client(first.uri) as one:  # durable: PostgreSQL kept it
+            assert one.shared_name.items.find_one({"_id": 1}) == {"_id": 1, "text": "only in cluster_1"}
+        first.pause()
+        try:
+            with _client(first.uri, timeout_ms=1000) as one, pytest.raises(pymongo.errors.PyMongoError):
+                one.admin.command("ping")
+        finally:
+            first.resume()
+        pids = [server.pid for server in clusters.servers] + [pg.pid for pg in clusters.postgres_servers]
+    finally:
+        clusters.stop()
+    assert all(pid is not None and _pid_gone(pid) for pid in pids)
+    assert _pids_naming(tmp_path, pg1.data_dir, pg2.data_dir) == []
+
+
+def test_ferretdb2_serves_clients_with_and_without_users(tmp_path: Path) -> None:
+    """ferretdb2 runs --no-auth: no credentials are served; given credentials are checked (SCRAM) against create_user's."""
+    with LocalClusters(1, base_dir=tmp_path, backend="ferretdb2") as clusters:
+        host = clusters.uris[0].removeprefix("mongodb://")
+        with _client(f"mongodb://feed:it%27s%20S3cret@{host}/", timeout_ms=3000) as client:
+            with pytest.raises(pymongo.errors.OperationFailure):  # no such user yet
+                client.own_db.items.find_one({})
+        clusters.create_user("feed", "it's S3cret")
+        clusters.create_user("feed", "it's S3cret")  # again: updated, not an error
+        with _client(f"mongodb://feed:it%27s%20S3cret@{host}/") as client:
+            client.own_db.items.insert_one({"_id": 1})
+        with _client(clusters.uris[0]) as anonymous:
+            assert anonymous.own_db.items.find_one({"_id": 1}) == {"_id": 1}
+        with _client(f"mongodb://feed:wrong@{host}/", timeout_ms=3000) as client:
+            with pytest.raises(pymongo.errors.OperationFailure):
+                client.own_db.items.find_one({})
+
+
 def test_pg_backend_checks_passwords(tmp_path: Path) -> None:
     """ferretdb-pg: a role made by create_user logs in with PLAIN; a wrong password is refused."""
     with LocalClusters(1, base_dir=tmp_path, backend="ferretdb-pg") as clusters:
@@ -277,3 +331,32 @@ def test_local_redis_keeps_data_across_a_kill(tmp_path: Path) -> None:
     assert pid is not None and _pid_gone(pid)
     assert not broker.alive
     assert _pids_naming(tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["missing", "altered"])
+def test_ferretdb2_build_names_a_missing_or_altered_archive(tmp_path: Path, damage: str) -> None:
+    """Before building, scripts/build-ferretdb2 checks each pinned archive and names the one missing or altered."""
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    if damage == "altered":
+        for name in ("documentdb-ferretdb-3f80da90.tar.gz", "pgvector-0.8.0.tar.gz", "pg_cron-1.6.4.tar.gz"):
+            (vendor / name).write_bytes(b"not the pinned archive")
+    env = {**os.environ, "FEEDROUTER_VENDOR": str(vendor), "FEEDROUTER_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([str(REPO / "scripts" / "build-ferretdb2")], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    archive = vendor / "documentdb-ferretdb-3f80da90.tar.gz"
+    if damage == "missing":
+        assert f"{archive} is missing: put the pinned archive there" in result.stderr
+    else:
+        assert f"{archive} has SHA-256 " in result.stderr and "replace it with the pinned archive" in result.stderr
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("ferretdb-*/.complete"))
+
+
+def test_ferretdb2_build_without_a_vendor_folder_says_where_archives_go(tmp_path: Path) -> None:
+    """With no $FEEDROUTER_VENDOR and nothing built, the build stops and says which variable to set."""
+    env = {k: v for k, v in os.environ.items() if k != "FEEDROUTER_VENDOR"}
+    env["FEEDROUTER_CACHE"] = str(tmp_path / "cache")
+    result = subprocess.run([str(REPO / "scripts" / "build-ferretdb2")], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)
+    assert result.returncode == 1 and "FEEDROUTER_VENDOR is not set" in result.stderr

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 from bson import ObjectId
@@ -224,6 +225,60 @@ def test_type_filtered_paging_to_the_end_while_writing(router: FeedRouter) -> No
             expected |= {(t, data_key("typed", f"{author}-{i}")) for i, t in
                          enumerate(spread(P1 + timedelta(days=1), 12, timedelta(hours=5))) if kinds[i % 3] != 1}
         assert expected <= {(i.event_time, i.data_key) for i in served}
+
+
+def test_pulled_pages_stay_full(router: FeedRouter) -> None:
+    """Five pulled posts paged 3 at a time, type-filtered or not, with or without a pushed copy among them, come back
+    as [3, 2]: an outbox answer that fills the request still serves its last millisecond's entries."""
+    r, celeb = fresh(), fresh()
+    posts = [Activity(sender_id=celeb, event_time=t, type="mention", data={"i": i}, data_key=data_key("full", f"{celeb}-{i}"))
+             for i, t in enumerate(spread(P2 + timedelta(days=3), 5, timedelta(hours=9)))]
+    for act in posts:
+        router.publish(act, [], pull=True)
+    newest_first = [a.data_key for a in reversed(posts)]
+    for types in (None, ["mention"]):
+        sizes, served, cursor = [], [], None
+        while True:
+            page = router.read(r, limit=3, cursor=cursor, pull=[celeb], types=types)
+            sizes.append(len(page.items))
+            served += [i.data_key for i in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert (sizes, served) == ([3, 2], newest_first), types
+    router.publish(attrs.evolve(posts[2], data={"i": 2}), [r], pull=False)  # one also copied: still served once
+    pages = [len(p.items) for p in _pages(router, r, limit=2, pull=[celeb])]
+    assert pages == [2, 2, 1]
+
+
+def _pages(router: FeedRouter, receiver: int, *, limit: int, pull: list[int]) -> list[Any]:
+    pages, cursor = [], None
+    while True:
+        page = router.read(receiver, limit=limit, cursor=cursor, pull=pull)
+        pages.append(page)
+        cursor = page.next_cursor
+        if cursor is None:
+            return pages
+
+
+def test_an_item_of_another_receivers_page_is_refused(router: FeedRouter) -> None:
+    """mark_seen(alice, an item of bob's page) is InvalidItem naming both receivers, and moves no marker; an int
+    receiver and the str of the same digits are different receivers."""
+    alice, bob, celeb = fresh(), fresh(), fresh()
+    router.write_many([item(alice, t, i) for i, t in enumerate(spread(P2, 3))] + [item(bob, P2 + timedelta(days=2), 9)])
+    router.publish(Activity(sender_id=celeb, event_time=P2 + timedelta(days=3), type=1, data={}, data_key=data_key("c", celeb)),
+                   [], pull=True)
+    own = router.read(alice, limit=1).items[0]
+    router.mark_seen(alice, own)
+    theirs = router.read(bob, limit=5, pull=[celeb]).items
+    assert [i.receiver_id for i in theirs] == [bob, bob]  # the pulled post as bob's page shows it, and bob's own item
+    for foreign in [*theirs, attrs.evolve(own, receiver_id=str(alice))]:
+        with pytest.raises(InvalidItem) as info:
+            router.mark_seen(alice, foreign)
+        assert str(info.value).startswith(f"position: is an item of receiver {foreign.receiver_id!r}'s page, not of "
+                                          f"{alice!r}'s"), str(info.value)
+    assert router.seen_position(alice) == Position(own.event_time, own.id)
+    assert router.unseen_count(alice).count == 0
 
 
 def test_bad_arguments_name_themselves(router: FeedRouter) -> None:

@@ -173,7 +173,7 @@ def test_listed_clusters_without_period(tmp_path: Path, servers: LocalClusters, 
     raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2})
     r = op.run("add-cluster", "cluster_2", "--start", "2024-04-01", "--close-previous", "--force")
     assert r.returncode == 1
-    assert "cluster 'cluster_3' has no metadata document but holds 1 documents: restore its metadata first" in r.stderr
+    assert "cluster 'cluster_3' has no metadata document but holds 1 documents (1 feed): restore its metadata first" in r.stderr
 
 
 def test_rollover_and_retire_through_the_cli(tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
@@ -233,3 +233,44 @@ def test_closing_a_live_period_needs_notice(tmp_path: Path, servers: LocalCluste
     assert metadata(raw_clients, db_name) == before
     later = (now + timedelta(hours=1)).isoformat()
     assert op.run("add-cluster", "cluster_2", "--start", later, "--close-previous").returncode == 0
+
+
+def test_a_close_never_strands_a_seen_marker(tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
+    """The issue's steps: a pulled post 3 days old marked seen, then a close 5 days back is refused, with --force and
+    without (--force waives only the notice), naming the outbox entry and the marker; so is a close an hour ahead
+    while a pulled post 3 hours ahead is marked seen. A close after every record goes through."""
+    from datetime import datetime, timezone
+
+    from router import Activity
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    op = Operator(tmp_path, db_name, servers.uris)
+    op.list_clusters(1)
+    assert op.run("add-cluster", "cluster_1", "--start", (now - timedelta(days=30)).isoformat()).returncode == 0
+    past, future = now - timedelta(days=3), now + timedelta(hours=3)
+    with FeedRouter.from_yaml(op.path) as router:
+        for n, when in enumerate((past, future)):
+            router.publish(Activity(sender_id="celeb", event_time=when, type="mention", data={"n": n},
+                                    data_key=data_key("celeb", n)), [], pull=True)
+        for n in (1, 2):  # receiver 1 has seen the old post, receiver 2 the future one too
+            router.mark_seen(n, router.read(n, limit=2, pull=["celeb"]).items[2 - n])
+    op.list_clusters(2)
+    before = metadata(raw_clients, db_name)
+    start = now - timedelta(days=5)
+    for force in (["--force"], []):
+        r = op.run("add-cluster", "cluster_2", "--start", start.isoformat(), "--close-previous", *force)
+        assert r.returncode == 1, r.stdout
+        assert (f"cluster 'cluster_1' holds 4 documents at or after {start.isoformat()} (latest {future.isoformat()}; "
+                "2 outbox, 2 seen): closing its period there would strand them") in r.stderr, r.stderr
+        assert metadata(raw_clients, db_name) == before
+    soon = now + timedelta(hours=1)
+    r = op.run("add-cluster", "cluster_2", "--start", soon.isoformat(), "--close-previous")
+    assert r.returncode == 1 and f"holds 2 documents at or after {soon.isoformat()} (latest {future.isoformat()}; " \
+                                  "1 outbox, 1 seen)" in r.stderr, r.stderr
+    assert metadata(raw_clients, db_name) == before
+    later = now + timedelta(hours=4)
+    r = op.run("add-cluster", "cluster_2", "--start", later.isoformat(), "--close-previous")
+    assert r.returncode == 0, r.stderr
+    with FeedRouter.from_yaml(op.path) as router:
+        assert router.seen_position(2) is not None and router.seen_position(2).event_time == future  # type: ignore[union-attr]
+        assert router.unseen_count(1, pull=["celeb"]).count == 1 and router.unseen_count(2, pull=["celeb"]).count == 0

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from bson import ObjectId
 from prometheus_client import CollectorRegistry
 from pymongo import MongoClient
 
@@ -209,7 +210,7 @@ def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixtu
         assert scheduler.tick() == [] and scheduler.last_error is None
         assert registry.get_sample_value("feedrouter_standby_ready") == 1
         env.raw["cluster_3"].feed.feed.insert_one({"receiver_id": 1, "event_time": B})
-        with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="already holds 1 feed documents"):
+        with Clusters(env.config) as clusters, pytest.raises(RolloverError, match=r"already holds 1 documents \(1 feed\)"):
             plan_rollover(clusters, env.config, now=T0)
         scheduler.close()
         env.close()
@@ -278,3 +279,31 @@ def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env) -> None:
     assert scheduler.last_error is None, scheduler.last_error
     assert "write metadata of cluster 'cluster_3': [2024-05-01T00:00:00Z, open)" in lines
     assert env3.meta()["cluster_3"][0]["start_date"] == B
+
+
+def test_every_time_placed_record_blocks_a_rollover_that_would_strand_it(env3: Env) -> None:
+    """A seen marker, a pulled post's outbox entry or a fan-out job dated past B in cluster_2 each refuse the rollover
+    at B (each counted and named); a standby holding any of them is not ready; without them it goes through."""
+    c2, c3 = env3.raw["cluster_2"].feed, env3.raw["cluster_3"].feed
+    after = B + timedelta(hours=5)
+    records = {
+        "seen": {"receiver_id": 1, "event_time": after, "key": ObjectId()},
+        "outbox": {"sender_id": "celeb", "event_time": after - timedelta(hours=1), "data_key": "k", "type": 1, "data": {}},
+        "fanouts": {"_id": "job", "data_key": "k2", "event_time": after - timedelta(hours=2), "batch_size": 10},
+    }
+    for collection, doc in records.items():
+        c2[collection].insert_one(dict(doc))
+        with Clusters(env3.config) as clusters, pytest.raises(RolloverError) as info:
+            plan_rollover(clusters, env3.config, now=T0)
+        assert (f"cluster 'cluster_2' holds 1 documents at or after 2024-05-01T00:00:00+00:00 (latest "
+                f"{doc['event_time'].isoformat()}; 1 {collection})") in str(info.value), str(info.value)
+        c2[collection].delete_many({})
+        c3[collection].insert_one(dict(doc))  # the same record on the standby: it is not empty
+        with Clusters(env3.config) as clusters, pytest.raises(RolloverError) as info:
+            plan_rollover(clusters, env3.config, now=T0)
+        assert f"standby cluster 'cluster_3' already holds 1 documents (1 {collection})" in str(info.value)
+        c3[collection].delete_many({})
+    c2["seen"].insert_one({"receiver_id": 1, "event_time": B - timedelta(hours=1), "key": ObjectId()})  # inside: fine
+    with Clusters(env3.config) as clusters:
+        do_rollover(clusters, env3.config, now=T0, owner="me")
+    assert env3.meta()["cluster_2"][0]["end_date"] == B

@@ -27,20 +27,20 @@ FROM_ENV = "env-S3cret"
 
 @pytest.fixture(autouse=True)
 def users(servers: LocalClusters) -> None:
-    """The two logins of write_config: real PostgreSQL roles on ferretdb-pg (SQLite accepts any PLAIN)."""
+    """The two logins of write_config: FerretDB 2 users (SCRAM), or real PostgreSQL roles on ferretdb-pg (PLAIN)."""
     servers.create_user("feed", INLINE)
     servers.create_user("feed_env", FROM_ENV)
 
 
-def write_config(path: Path, uris: list[str], db: str, extra: str = "") -> None:
+def write_config(path: Path, uris: list[str], db: str, extra: str = "", *, mechanism: str = "SCRAM-SHA-256") -> None:
     """cluster_1 logs in as feed with its password inline, cluster_2 as feed_env with ${FEED_PW}."""
     host1, host2 = (u.removeprefix("mongodb://") for u in uris)
     path.write_text(
         f"database: {db}\n"
         "clusters:\n"
-        f"  - name: cluster_1\n    uri: mongodb://feed:{INLINE}@{host1}/?authMechanism=PLAIN\n"
+        f"  - name: cluster_1\n    uri: mongodb://feed:{INLINE}@{host1}/?authMechanism={mechanism}\n"
         "    options: {serverSelectionTimeoutMS: 1500}\n"
-        f"  - name: cluster_2\n    uri: mongodb://feed_env:${{FEED_PW}}@{host2}/?authMechanism=PLAIN\n"
+        f"  - name: cluster_2\n    uri: mongodb://feed_env:${{FEED_PW}}@{host2}/?authMechanism={mechanism}\n"
         "    options: {serverSelectionTimeoutMS: 1500}\n" + extra
     )
 
@@ -54,7 +54,7 @@ def test_no_password_anywhere(tmp_path: Path, servers: LocalClusters, db_name: s
     """A whole session with password-bearing URIs, including failures, captured at DEBUG for every logger."""
     monkeypatch.setenv("FEED_PW", FROM_ENV)
     path = tmp_path / "clusters.yaml"
-    write_config(path, servers.uris[:2], db_name)
+    write_config(path, servers.uris[:2], db_name, mechanism=servers.auth_mechanism)
     seen: list[str] = []
     with caplog.at_level(logging.DEBUG):  # the root logger: ours and pymongo's records alike
         config = load_config(path)
@@ -101,7 +101,7 @@ def test_no_password_anywhere(tmp_path: Path, servers: LocalClusters, db_name: s
 def test_cli_output_has_no_password(tmp_path: Path, servers: LocalClusters, db_name: str) -> None:
     """status and check, text and JSON, healthy and with a cluster down: no password."""
     path = tmp_path / "clusters.yaml"
-    write_config(path, [servers.uris[0], "mongodb://127.0.0.1:9"], db_name)
+    write_config(path, [servers.uris[0], "mongodb://127.0.0.1:9"], db_name, mechanism=servers.auth_mechanism)
     env = {**os.environ, "PYTHONPATH": str(REPO), "FEED_PW": FROM_ENV}
     outputs = []
     for args in (["status"], ["--json", "status"], ["check"], ["--json", "check"], ["-vv", "check"],

@@ -58,6 +58,7 @@ def page_all_from(router: FeedRouter, receiver: int | str, cursor: str | None, *
     for _ in range(10_000):
         page = router.read(receiver, limit=limit, cursor=cursor, pull=pull)
         assert len(page.pulled) == len(page.items) and len(page.items) <= limit
+        assert len(page.items) == limit or page.next_cursor is None, "a page short of its limit before the end"
         items.extend(page.items)
         cursor = page.next_cursor
         if cursor is None:
@@ -507,8 +508,9 @@ def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[...
 
 def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callable[..., RouterConfig],
                                                              open_router: Callable[..., Any], servers: LocalClusters) -> None:
-    """Ten pulled posts sharing one millisecond, paged 3 at a time: each once, newest first by (event_time, _id).
-    The cluster holding them gets a third find (the whole millisecond) on each page that reaches into it."""
+    """Ten pulled posts sharing one millisecond, paged 3 at a time: each once, newest first by (event_time, _id), in
+    full pages. The cluster holding them gets a third find (the whole millisecond) on each page whose outbox answer
+    ends inside it."""
     finds = CommandLog()
     config = make_config()
     register(config)
@@ -537,15 +539,15 @@ def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callab
     assert [(i.data_key, i.id, pulled) for i, pulled in served] == [
         (a.data_key, key_of(a, 77), a is not pushed) for a in everything
     ]
-    # What read_program does (router/core/reads.py): the outbox answer for need + skip entries ends inside the
-    # millisecond, so no entry of it is safe to serve and the millisecond is fetched whole: a third find.
+    # What read_program does (router/core/reads.py): the outbox answer (need + skip + 1 entries) ends inside the
+    # millisecond, so its entries there are not safe to serve until the millisecond is fetched whole: a third find.
+    # Every page but the last is full.
     assert pages == [
-        (1, {"cluster_3": 2}),  # the newer post; the group starts at the outbox answer's last entry
-        (3, {"cluster_3": 3}),  # three of the group, after fetching it whole
+        (3, {"cluster_3": 3}),  # the newer post and two of the group, after fetching the group whole
+        (3, {"cluster_3": 3}),  # three of the group
         (3, {"cluster_3": 3}),
-        (3, {"cluster_3": 3}),
-        (3, {"cluster_3": 2, "cluster_2": 2}),  # the group's last, the older post; cluster_2's pushed copy
-        (0, {"cluster_2": 2, "cluster_1": 2}),  # an empty last page: cluster_2 might have held more
+        (3, {"cluster_3": 2}),  # the group's last two and the older post: the answer holds all that is left
+        (1, {"cluster_3": 2, "cluster_2": 2, "cluster_1": 2}),  # cluster_3 might have held more; the pushed copy
     ]
 
 

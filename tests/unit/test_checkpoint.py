@@ -182,40 +182,79 @@ def test_check_batch_accepts_every_batch_the_stream_makes(n: int, size: int, kno
         check_batch(job, len(cut), len(cut) * size, 1, total=len(cut))
 
 
-def _admit(doc: object, number: object = 3, first: object = 3000) -> object:
-    """Run admit_batch against a scripted checkpoint read (*doc*: the job document, None for none, or a Failure)."""
+def _admit(doc: object, number: object = 3, first: object = 3000, *, sent: bool = True) -> object:
+    """Run admit_batch against scripted reads: *doc* is the job document (None for none, or a Failure), *sent*
+    whether the publisher's record of the batch is found."""
     from router.core.checkpoint import admit_batch
-    from router.core.steps import Find
+    from router.core.steps import Concurrently, Find
 
     program = admit_batch(JOB, number, first, 1000, deadline=1e12)
     request = next(program)
-    assert isinstance(request, Find) and (request.collection, request.filter) == ("fanouts", {"_id": "j"})
+    assert isinstance(request, Concurrently)
+    finds = [next(p) for p in request.programs]
+    assert all(isinstance(f, Find) for f in finds)
+    assert [(f.collection, f.filter) for f in finds] == [("fanouts", {"_id": "j"}), ("fanout_sent", {"_id": f"j#{number}"})]
     try:
-        program.send(doc if not isinstance(doc, dict) else [doc])
+        program.send([doc if not isinstance(doc, dict) else [doc], [{"_id": f"j#{number}"}] if sent else []])
     except StopIteration as stop:
         return stop.value
-    raise AssertionError("admit_batch asked for more than the job document")
+    raise AssertionError("admit_batch asked for more than the job document and the batch's record")
 
 
 def test_admit_batch_checks_the_stored_job() -> None:
-    """A task's batch is checked against the job as stored: its total once known, its activity, that it exists."""
+    """A task's batch is checked against the job as stored: its total once known, its activity, that it exists, and
+    that its publisher recorded sending it (whether the total is known or not)."""
     from router import ClusterUnavailable, InvalidBatch
     from router.core.checkpoint import admit_batch
     from router.core.steps import Failure
 
     stored = {"_id": "j", "data_key": ACT.data_key, "event_time": WHEN, "batch_size": 1000, "batches_total": None}
-    assert _admit(stored) is None  # total unknown: any sane number passes
+    assert _admit(stored) is None  # sent by the publisher, the total unknown yet
     assert _admit({**stored, "batches_total": 5}, 4, 4000) is None
+    for total in (None, 5):
+        with pytest.raises(InvalidBatch, match=r"batch 3 refused, nothing written: number: was never sent by the job's "
+                                               r"publisher \(no record of it in cluster 'c2''s fanout_sent\)"):
+            _admit({**stored, "batches_total": total}, sent=False)
     with pytest.raises(InvalidBatch, match=r"batch 5 refused, nothing written: number: must be below the job's 5 batches"):
         _admit({**stored, "batches_total": 5}, 5, 5000)
     with pytest.raises(InvalidBatch, match=r"job: has no checkpoint in cluster 'c2': it was never published"):
-        _admit([])
+        _admit([], sent=False)
     with pytest.raises(FanOutConflict, match="batches of 500"):
         _admit({**stored, "batch_size": 500})
     with pytest.raises(ClusterUnavailable):
         _admit(Failure("unavailable", ClusterUnavailable("c2", "down")))
     with pytest.raises(InvalidBatch, match="number: must be an int of at least 0"):  # refused before any read
         next(admit_batch(JOB, -1, -1000, 1000, deadline=1e12))
+
+
+def test_announce_batch_records_each_part_once() -> None:
+    """The publisher's record: one insert of one document per job sent; a duplicate (published again) is fine, any
+    other refusal or a failed send raises before the task would be sent."""
+    import attrs
+
+    from router import ClusterUnavailable
+    from router.core.checkpoint import announce_batch
+    from router.core.steps import Failure, Insert, InsertOutcome, WriteError
+
+    side = attrs.evolve(JOB, job_id="j/inactive")
+
+    def run(outcome: InsertOutcome) -> Insert:
+        program = announce_batch([JOB, side], 7, timeout=5)
+        request = next(program)
+        assert isinstance(request, Insert)
+        with pytest.raises(StopIteration):
+            program.send(outcome)
+        return request
+
+    request = run(InsertOutcome())
+    assert (request.cluster, request.collection) == ("c2", "fanout_sent")
+    assert [(d["_id"], d["job"], d["n"]) for d in request.documents] == [("j#7", "j", 7), ("j/inactive#7", "j/inactive", 7)]
+    run(InsertOutcome(write_errors=(WriteError(0, 11000, "duplicate key"), WriteError(1, 11000, "duplicate key"))))
+    with pytest.raises(ClusterUnavailable, match="recording batch 7 as sent: refused"):
+        run(InsertOutcome(write_errors=(WriteError(1, 121, "validation"),)))
+    with pytest.raises(ClusterUnavailable, match="down"):
+        run(InsertOutcome(failure=Failure("unavailable", ClusterUnavailable("c2", "down"))))
+    assert list(announce_batch([], 7, timeout=5)) == []
 
 
 def test_job_status_counts_only_the_jobs_batches() -> None:

@@ -1,17 +1,19 @@
-"""Measures of edits: delete(data_key) over every cluster."""
+"""Measures of edits: delete(data_key) over every cluster; a delete of 400,000 copies; an update during a fan-out."""
 
 from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from pymongo import MongoClient
 
+from ...errors import DeleteFailed
 from ...ids import data_key
-from ...model import FeedItem
+from ...model import Activity, FeedItem
 from ...sync import FeedRouter
 from .common import NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
 
@@ -51,3 +53,54 @@ def bench_delete(uris: Sequence[str], reps: int, copies: int) -> Result:
             f"{statistics.median(r) / statistics.median(sums):.2f} of that, on {os.cpu_count()} cores shared with the servers")
     return Result("delete_ratio", f"delete(data_key), {copies} copies in each of 3 clusters, vs slowest single cluster",
                   "ms", r, w, ratios, "<= 1.3", statistics.median(ratios) <= 1.3, note)
+
+
+def bench_big_edits(uris: Sequence[str], *, copies: int = 400_000, during: int = 40_000) -> list[Result]:
+    """Two reported rows, with the default timeouts: ``delete`` of a post with *copies* copies in one cluster, and
+    ``update`` of a post while its *during*-receiver background fan-out runs (then the old copies left once it ends)."""
+    config = bench_config(uris, "bench_big_edits")
+    register(config)
+    raw: MongoClient[dict[str, Any]] = MongoClient(uris[2], tz_aware=True)
+    feed = raw["bench_big_edits"].feed
+    try:
+        with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
+            big = Activity(sender_id=1, event_time=P2 + timedelta(days=3), type=1, data={"v": 0}, data_key=data_key("big", 1))
+            fanned = timed(lambda: router.fan_out(big, range(copies), concurrency=4))
+            calls: list[float] = []
+            removed = 0
+            while feed.count_documents({"data_key": big.data_key}, limit=1):  # each further call makes progress
+                started = time.perf_counter()
+                try:
+                    removed += router.delete(big.data_key)
+                except DeleteFailed as exc:
+                    removed += exc.deleted
+                calls.append(time.perf_counter() - started)
+                if len(calls) > 20:
+                    break
+            left = feed.count_documents({"data_key": big.data_key})
+            delete = Result(
+                "delete_big", f"delete(data_key) of a post with {copies:,} copies in one cluster (default timeouts)", "s",
+                [sum(calls)], [], [], "-", left == 0,
+                f"{len(calls)} call(s) ({', '.join(f'{c:.1f} s' for c in calls)}), {removed:,} copies counted, {left:,} "
+                f"left; the fan-out that wrote them took {fanned:.1f} s ({copies / fanned:,.0f} copies/s)",
+            )
+            post = Activity(sender_id=2, event_time=P2 + timedelta(days=4), type=1, data={"v": 0}, data_key=data_key("big", 2))
+            handle = router.fan_out(post, range(during), concurrency=4, background=True)
+            while handle.progress.written < during // 4 and not handle.done():
+                time.sleep(0.01)
+            started = time.perf_counter()
+            router.update(post.data_key, {"v": 1})
+            took = time.perf_counter() - started
+            at = handle.progress.written
+            handle.result(timeout=600)
+            old = feed.count_documents({"data_key": post.data_key, "data.v": 0})
+            update = Result(
+                "update_during_fanout", f"update(data_key) during its {during:,}-receiver background fan-out", "s",
+                [took], [], [], "-", old == 0,
+                f"the update began with {at:,} copies written and returned in {took:.2f} s; once the fan-out ended, "
+                f"{old:,} copies held the old data (of {feed.count_documents({'data_key': post.data_key}):,})",
+            )
+    finally:
+        raw.drop_database("bench_big_edits")
+        raw.close()
+    return [delete, update]

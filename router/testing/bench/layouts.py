@@ -1,21 +1,19 @@
-"""Measures of the two storage layouts, ``copies`` vs ``buckets``, on one mongo-java-server (issue 19, "Measured").
+"""Measures of the two storage layouts, ``copies`` vs ``buckets``, on one server (issues 19 and 26, "Measured").
 
-``buckets`` is refused on FerretDB (it loses concurrent appends), so both layouts are
-measured on the same mongo-java-server, in one run, with the same items: two routers of
-three clusters each (a database per cluster), every period in one layout. The items all
+Both layouts are measured on the same server, in one run, with the same items: two routers
+of three clusters each (a database per cluster), every period in one layout. The items all
 fall in the newest period, so a page reads one cluster and the figures compare the
-layouts alone. Ratios are buckets / copies.
-
-Caveat that shapes the figures: mongo-java-server keeps its data in memory and ignores
-secondary indexes (queries scan the collection), so latency grows with the number of
-*documents* in ``feed``: that favours buckets (fifty times fewer documents) more than an
-indexed MongoDB would; and it reports no index sizes.
+layouts alone. Ratios are buckets / copies. ``scripts/bench`` runs it on FerretDB 2 on
+DocumentDB, which appends to a bucket atomically and reports index sizes; the figures
+are about that server (it sorts a receiver's documents rather than reading them in index
+order: see :mod:`router.testing.bench.feedsize`), not about MongoDB.
 
 Example::
 
-    rows = bench_layouts(items=100_000, fanout=20_000)
+    rows = bench_layouts(uri, items=100_000, fanout=20_000)
 
-or ``python -m router.testing.bench.layouts [--uri URI] [--small]`` (rows as JSON on stdout).
+or ``python -m router.testing.bench.layouts [--uri URI] [--small]`` (rows as JSON on stdout; without ``--uri``
+it starts one local server of the default backend).
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from ...model import Activity
 from ...storage.clusters import Clusters
 from ...sync import FeedRouter
 from ..commands import CommandLog
-from ..javaserver import LocalJavaServer
+from ..localservers import LocalClusters
 from .common import NAMES, NOW, P0, P1, P2, Result, make_items, timed
 
 __all__ = ["bench_layouts", "main"]
@@ -81,7 +79,7 @@ def _open(uri: str, layout: str, prefix: str) -> _Side:
     log = CommandLog()
     config = RouterConfig(
         database=f"{prefix}_{layout}",
-        timeout=timedelta(seconds=120),  # mongo-java-server is slow at upserts into a large collection
+        timeout=timedelta(seconds=120),  # the load writes large batches
         clusters=tuple(ClusterConfig(name=n, uri=uri, options={"event_listeners": [log]}, database=f"{prefix}_{layout}_{i}")
                        for i, n in enumerate(NAMES)),
     )
@@ -104,8 +102,8 @@ def _drop(raw: MongoClient[dict[str, Any]], databases: Sequence[str]) -> None:
 
 @contextmanager
 def _sides(uri: str | None, prefix: str) -> Iterator[tuple[_Side, _Side, MongoClient[dict[str, Any]]]]:
-    server = LocalJavaServer() if uri is None else None
-    target = server.start() if server is not None else uri
+    server = LocalClusters(1, names=["layouts"]) if uri is None else None
+    target = server.start()[0] if server is not None else uri
     assert target is not None
     raw: MongoClient[dict[str, Any]] = MongoClient(target, tz_aware=True)
     opened: list[_Side] = []
@@ -165,9 +163,8 @@ def _stored(raw: MongoClient[dict[str, Any]], database: str, items: int) -> tupl
 def _fan_out_rate(side: _Side, post: int, receivers: range) -> float:
     activity = Activity(sender_id=1_000_765, event_time=P2 + timedelta(days=5, milliseconds=post), type=1,
                         data={"post": post}, data_key=data_key("post", post))
-    # One batch at a time: with several in flight, mongo-java-server (one lock per collection) stops answering
-    # pymongo's monitor at 100k items and the fan-out fails; the same setting for both layouts.
-    return len(receivers) / timed(lambda: side.router.fan_out(activity, iter(receivers), concurrency=1))
+    # The default batches in flight, the same for both layouts.
+    return len(receivers) / timed(lambda: side.router.fan_out(activity, iter(receivers)))
 
 
 def _profile_batch(raw: MongoClient[dict[str, Any]], side: _Side, post: int, receivers: range) -> str:
@@ -196,7 +193,7 @@ def _profile_batch(raw: MongoClient[dict[str, Any]], side: _Side, post: int, rec
 
 def bench_layouts(uri: str | None = None, *, items: int = 100_000, receivers: int = 50, deep: int = 20,
                   fanout: int = 20_000, reps: int = 5, rounds: int = 7, prefix: str = "bench_layouts") -> list[Result]:
-    """The four rows of issue 19 (buckets / copies), on the mongo-java-server at *uri* (or one started here).
+    """The four rows of issue 19 (buckets / copies), on the server at *uri* (or one started here).
 
     *items* are written to the newest period of each layout, round-robin over *receivers*
     receivers (so each holds ``items / receivers``, which must reach page *deep*);
@@ -257,7 +254,6 @@ def bench_layouts(uri: str | None = None, *, items: int = 100_000, receivers: in
             "ms", b_ms, c_ms, ratios, "<= 1.0", statistics.median(ratios) <= 1.0,
             f"median of {rounds} reads per repetition; page {deep}: buckets {statistics.median(b_deep_ms):.2f} ms, copies "
             f"{statistics.median(c_deep_ms):.2f} ms (ratio {deep_ratio:.3f}); {receivers} receivers of {per:,} items; "
-            f"mongo-java-server scans (ignores secondary indexes), so copies pay for {items:,} documents per find; "
             f"loading {items:,} items with write_many took copies {load['copies']:.1f} s, buckets {load['buckets']:.1f} s",
         )
 
@@ -277,7 +273,7 @@ def bench_layouts(uri: str | None = None, *, items: int = 100_000, receivers: in
         fan = Result(
             "layout_fanout", f"fan-out throughput, one post to {fanout:,} receivers: buckets vs copies", "copies/s",
             b_rate, c_rate, f_ratios, ">= 0.5", statistics.median(f_ratios) >= 0.5,
-            f"one batch in flight (concurrency=1); repetition k fans post k out to the same receivers (from rep 2 on, buckets append to existing buckets); {profile}",
+            f"default batches in flight; repetition k fans post k out to the same receivers (from rep 2 on, buckets append to existing buckets); {profile}",
         )
 
     logger.info("%s", attrs.asdict(fan))
@@ -287,7 +283,7 @@ def bench_layouts(uri: str | None = None, *, items: int = 100_000, receivers: in
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m router.testing.bench.layouts [--uri URI] [--items N] [--fanout N] [--reps N] [--small]``."""
     parser = argparse.ArgumentParser(prog="python -m router.testing.bench.layouts", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uri", help="a running mongo-java-server (default: start one)")
+    parser.add_argument("--uri", help="a running server (default: start one of the default local backend)")
     parser.add_argument("--items", type=int, default=100_000, help="items per layout in the measured cluster")
     parser.add_argument("--receivers", type=int, default=50, help="receivers the items are spread over")
     parser.add_argument("--fanout", type=int, default=20_000, help="receivers of each fan-out")

@@ -21,10 +21,12 @@ from ... import __version__
 from ..localservers import LocalClusters
 from .common import NAMES, SIZES, UTC, Result
 from .doors import bench_doors
-from .edits import bench_delete
+from .edits import bench_big_edits, bench_delete
+from .feedsize import bench_feed_size
 from .fanout import bench_fanout, bench_fanout_memory
 from .layouts import bench_layouts
 from .notify import bench_type_index, bench_unseen
+from .plans import bench_plans
 from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
 from .scale import SIZES as SCALE_SIZES
 from .scale import SMALL_SIZES as SMALL_SCALE_SIZES
@@ -73,7 +75,8 @@ def _environment(uris: Sequence[str], backend: str, server: str | None = None) -
         client: MongoClient[dict[str, Any]]
         with MongoClient(uris[0]) as client:
             info = client.admin.command("buildInfo")
-        server = f"FerretDB {info['ferretdbVersion']}" if "ferretdbVersion" in info else f"MongoDB {info.get('version')}"
+        ferret = info.get("ferretdb", {}).get("version") or info.get("ferretdbVersion")
+        server = f"FerretDB {ferret}" if ferret else f"MongoDB {info.get('version')}"
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
@@ -116,8 +119,12 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("type_index", lambda: bench_type_index(servers, s.writes, s.reps, s.reads)),
             ("scale", lambda: bench_scale(servers, SCALE_SIZES if size == "full" else SMALL_SCALE_SIZES)),
             ("sparse_pages", lambda: bench_sparse(servers, SPARSE_SIZES if size == "full" else SMALL_SPARSE_SIZES, s.reps)),
-            ("layouts", lambda: bench_layouts(None, items=s.layouts[0], receivers=s.layouts[1], fanout=s.layouts[2],
+            ("layouts", lambda: bench_layouts(servers[-1], items=s.layouts[0], receivers=s.layouts[1], fanout=s.layouts[2],
                                               reps=s.layouts[3], rounds=7 if size == "full" else 2)),
+            ("feed_size", lambda: bench_feed_size(servers, sizes=s.feed_sizes, rounds=15 if size == "full" else 3,
+                                                  reps=3 if size == "full" else 1)),
+            ("big_edits", lambda: bench_big_edits(servers, copies=s.big_edits[0], during=s.big_edits[1])),
+            ("plans", lambda: bench_plans(servers, items=20_000 if size == "full" else 2_000)),
         ]
         results: list[Result] = []
         for name, step in steps:

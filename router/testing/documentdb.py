@@ -1,0 +1,153 @@
+"""FerretDB 2 on DocumentDB, the default local server: where its build lives and how one cluster of it runs.
+
+FerretDB 2 keeps no storage of its own: it translates the wire protocol for DocumentDB,
+a PostgreSQL extension (the engine of Azure Cosmos DB for MongoDB vCore). One cluster is
+one PostgreSQL 15 server with the extension created in its ``postgres`` database, and one
+``ferretdb`` process in front of it. Each cluster needs a server of its own: pg_cron, which
+DocumentDB requires, schedules jobs only from one database per server.
+
+``scripts/build-ferretdb2`` builds everything once into a cache folder outside the
+checkout, named by every version in it: a private copy of the machine's PostgreSQL 15 with
+pgvector, pg_cron and DocumentDB installed into it (PostgreSQL finds its ``lib/`` and
+``share/`` relative to its own binary, so nothing is installed into the system's
+PostgreSQL) and the ``ferretdb`` binary. Three of its sources come from no package
+registry; the folder holding their pinned archives is named by ``$FEEDROUTER_VENDOR``.
+
+Authentication: the server runs with ``--no-auth``, so clients without credentials are
+served; a client that sends credentials is still checked (SCRAM-SHA-256) against the
+users made with ``createUser`` (:meth:`LocalClusters.create_user`), and PLAIN is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+import attrs
+
+from .errors import HarnessError
+from .pgfind import PostgresBinaries, server_version
+from .process import tail
+
+__all__ = [
+    "DOCUMENTDB_SETTINGS",
+    "DOCUMENTDB_VERSION",
+    "FERRETDB2_VERSION",
+    "VENDOR_ENV",
+    "DocumentDBTree",
+    "ensure_ferretdb2",
+    "ferretdb2_command",
+]
+
+logger = logging.getLogger(__name__)
+
+FERRETDB2_VERSION = "v2.7.0"
+"""The FerretDB release the ``ferretdb2`` backend runs."""
+
+DOCUMENTDB_VERSION = "0.107-0"
+"""The DocumentDB extension version FerretDB v2.7.0 expects (FerretDB's fork, commit 3f80da90)."""
+
+VENDOR_ENV = "FEEDROUTER_VENDOR"
+"""Names the folder holding the pinned source archives the build needs (see ``scripts/build-ferretdb2``)."""
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-ferretdb2"
+
+DOCUMENTDB_SETTINGS = {
+    "shared_preload_libraries": "pg_cron,pg_documentdb_core,pg_documentdb",
+    "cron.database_name": "postgres",
+    "cron.log_run": "off",  # pg_cron would log every run of DocumentDB's 2-second jobs
+    "cron.log_statement": "off",
+    "log_min_messages": "warning",  # DocumentDB logs each collection it looks up at LOG
+}
+"""The PostgreSQL settings DocumentDB needs, besides the harness's own (port, test-speed settings)."""
+
+
+@attrs.frozen
+class DocumentDBTree:
+    """One build of FerretDB 2 on DocumentDB: a folder holding PostgreSQL with the extensions, and ``bin/ferretdb``.
+
+    Example::
+
+        >>> tree = ensure_ferretdb2()  # doctest: +SKIP
+        >>> tree.binaries.version, tree.ferretdb.name  # doctest: +SKIP
+        ('15.18', 'ferretdb')
+    """
+
+    root: Path
+
+    @property
+    def ferretdb(self) -> Path:
+        """The FerretDB 2 binary."""
+        return self.root / "bin" / "ferretdb"
+
+    @property
+    def library_path(self) -> Path:
+        """PostgreSQL's library folder in the tree: ``pg_documentdb.so`` finds its core library there
+        only through ``LD_LIBRARY_PATH``."""
+        return self.root / "usr" / "lib" / "postgresql" / "15" / "lib"
+
+    @property
+    def binaries(self) -> PostgresBinaries:
+        """The tree's own PostgreSQL programs (they find the tree's extensions)."""
+        bin_dir = self.root / "usr" / "lib" / "postgresql" / "15" / "bin"
+        version = server_version(bin_dir / "postgres")
+        if version is None:
+            raise HarnessError(f"{bin_dir / 'postgres'} does not run; remove {self.root} to rebuild it")
+        return PostgresBinaries(bin_dir=bin_dir, version=version)
+
+
+def ensure_ferretdb2() -> DocumentDBTree:
+    """Return the built tree, building it first if it is missing (3-6 minutes, once per machine and versions).
+
+    Runs ``scripts/build-ferretdb2``, which installs Debian's build packages as root where
+    they are missing, checks the archives in ``$FEEDROUTER_VENDOR`` against their SHA-256
+    sums and says which one is missing or altered, and builds under a file lock.
+
+    Example::
+
+        >>> ensure_ferretdb2().root.name  # doctest: +SKIP
+        'ferretdb-v2.7.0-documentdb-3f80da90-pg15.18-vector0.8.0-cron1.6.4'
+    """
+    if not BUILD_SCRIPT.is_file():
+        raise HarnessError(f"{BUILD_SCRIPT} is missing: the ferretdb2 backend needs this project's checkout")
+    try:
+        result = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, check=False, timeout=3600)
+    except subprocess.TimeoutExpired as exc:
+        raise HarnessError(f"{BUILD_SCRIPT} took more than an hour") from exc
+    if result.stderr.strip():
+        logger.info("%s", result.stderr.strip())
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise HarnessError(
+            f"{BUILD_SCRIPT.name} failed (exit code {result.returncode}):\n" + tail(result.stderr + result.stdout)
+        )
+    tree = DocumentDBTree(Path(lines[-1]))
+    if not tree.ferretdb.is_file():
+        raise HarnessError(f"{BUILD_SCRIPT.name} printed {tree.root}, which holds no bin/ferretdb")
+    return tree
+
+
+def ferretdb2_command(binary: Path, *, port: int, state_dir: Path, postgresql_url: str) -> list[str]:
+    """The command line of one FerretDB 2 process on 127.0.0.1:``port`` over ``postgresql_url``.
+
+    ``--no-auth``: clients without credentials are served (see the module docstring);
+    ``--debug-addr=-`` turns the HTTP debug listener off; ``--log-level=warn``, because at
+    ``info`` it logs every command.
+
+    Example::
+
+        >>> ferretdb2_command(Path("ferretdb"), port=27018, state_dir=Path("/d"),
+        ...                   postgresql_url="postgres://postgres@127.0.0.1:5433/postgres")[:2]
+        ['ferretdb', '--postgresql-url=postgres://postgres@127.0.0.1:5433/postgres']
+    """
+    return [
+        str(binary),
+        f"--postgresql-url={postgresql_url}",
+        f"--listen-addr=127.0.0.1:{port}",
+        f"--state-dir={state_dir}",
+        "--no-auth",
+        "--debug-addr=-",
+        "--telemetry=disable",
+        "--log-level=warn",
+    ]
