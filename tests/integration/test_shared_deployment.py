@@ -94,7 +94,7 @@ def test_a_dead_deployment_leaves_the_other_its_partial_page(
 ) -> None:
     """timeout 2s, one item per period, deployment A killed or stopped: a partial page serves p0's item within the
     timeout and names exactly A's three periods, twice in a row (the second time pymongo may know A is down); once A
-    is back, the cursor yields A's items. Before: 0 items after about 2 s, and p0 listed unavailable too."""
+    is back, the cursor yields A's items, each once. Before: 0 items after about 2 s, and p0 listed unavailable too."""
     router = shared()
     router.write_many(one_each(1))
     assert [i.data["p"] for i in router.read(1).items] == [3, 2, 1, 0]
@@ -111,8 +111,14 @@ def test_a_dead_deployment_leaves_the_other_its_partial_page(
         deployment_a.restart()
     else:
         deployment_a.resume()
-    later = in_thread(lambda: router.read(1, cursor=pages[-1].next_cursor, on_unavailable="partial"))
-    assert [i.data["p"] for i in later.items] == [3, 2, 1] and not later.partial
+    cursor, owed = pages[-1].next_cursor, []
+    for _ in range(5):  # a restarted server may still be too slow for its first turn: the page then owes A again
+        later = in_thread(lambda: router.read(1, cursor=cursor, on_unavailable="partial"))
+        owed += [i.data["p"] for i in later.items]
+        cursor = later.next_cursor
+        if not later.partial:
+            break
+    assert owed == [3, 2, 1] and cursor is None
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
