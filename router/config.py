@@ -38,7 +38,7 @@ Example file::
       - name: cluster_2            # another period on the same deployment, in a database of its own
         uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
         options: {serverSelectionTimeoutMS: 5000, maxPoolSize: 50}
-        database: feed_2024_02     # default: the top-level database
+        database: feed_2024_02     # default: the URI's path (mongodb://host/feed_2024_02), else the top-level one
 
 Strings may use ``${VAR}`` or ``${VAR:-default}``; a variable that is unset (and has
 no default) is a config error. Secrets belong in the environment, not the file.
@@ -46,9 +46,10 @@ no default) is a config error. Secrets belong in the environment, not the file.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,9 @@ import yaml
 from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
 from .timemap import ReadWindow
-from .uris import broker_problem, masked_uri, redact_uri, uri_password, uri_problem
+from .uris import (
+    broker_problem, deployment_identity, masked_uri, redact_uri, uri_database, uri_password, uri_path, uri_problem,
+)
 from .yamlreader import YamlReader
 
 __all__ = [
@@ -112,17 +115,19 @@ _DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 #: The database of every cluster that names none, when the file names none either.
 DEFAULT_DATABASE = "feed"
-#: What identifies a deployment: its URI (without a trailing ``/``) and its driver options.
-Deployment = tuple[str, tuple[tuple[str, Any], ...]]
+#: What identifies a deployment: its URI and driver options as the driver parses them
+#: (:func:`~router.uris.deployment_identity`); it holds the password, so it is never shown.
+Deployment = tuple[Hashable, ...]
 
 
 @attrs.frozen(kw_only=True)
 class ClusterConfig:
     """One cluster (one period's home) from ``clusters.yaml``: its name, URI, driver options and database.
 
-    ``database`` is ``None`` for the top-level ``database``
-    (:meth:`RouterConfig.database_for` resolves it). Several clusters may live on one
-    deployment, each in a database of its own; they share one client.
+    ``database`` is ``None`` for the database named in the URI's path, else the
+    top-level ``database`` (:meth:`RouterConfig.database_for` resolves it); one that
+    contradicts the URI's path is refused (:class:`ConfigError`). Several clusters may live
+    on one deployment, each in a database of its own; they share one client.
     ``repr()`` and :attr:`display_uri` never show the password.
     """
 
@@ -131,26 +136,35 @@ class ClusterConfig:
     options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     database: str | None = None
 
+    def __attrs_post_init__(self) -> None:
+        problem = database_problem(self.uri, self.database)
+        if problem is not None:
+            raise ConfigError([ConfigProblem("<config>", 0, 0, f"clusters[{self.name!r}].database", problem)])
+
     @property
     def display_uri(self) -> str:
         """The URI safe to print or log."""
         return masked_uri(self.uri)
 
-    @property
+    @functools.cached_property
     def deployment(self) -> Deployment:
-        """The deployment this cluster is on: clusters with the same URI and options share a client."""
-        return self.uri.rstrip("/"), tuple(sorted((k, _hashable(v)) for k, v in self.options.items()))
+        """The deployment this cluster is on: clusters with equivalent URIs and options share a client
+        (see :func:`~router.uris.deployment_identity`)."""
+        return deployment_identity(self.uri, self.options)
 
 
-def _hashable(value: Any) -> Any:
-    """An option's value as a key part (event listeners and other objects by identity)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    try:
-        hash(value)
-    except TypeError:
-        return id(value)
-    return value
+def database_problem(uri: str, database: str | None) -> str | None:
+    """Why *database* cannot be the period's database given *uri*'s path, or ``None``."""
+    path = uri_path(uri)
+    if path is None:
+        return None
+    in_path = uri_database(uri)
+    if in_path != path or in_path is None or not _DATABASE.match(in_path):
+        return f"the URI's path must be a database name, the period's database (got {path!r})"
+    if database is not None and database != in_path:
+        return (f"contradicts the database in the URI's path ({in_path!r}): name one of them, or the same in both "
+                f"(got {database!r})")
+    return None
 
 
 @attrs.frozen(kw_only=True)
@@ -224,9 +238,12 @@ class RouterConfig:
     source: str = "<config>"
 
     def database_for(self, cluster: str | ClusterConfig) -> str:
-        """The database that holds *cluster*'s period: its own ``database``, else the top-level one."""
+        """The database that holds *cluster*'s period: its own ``database``, else the one its URI's path names,
+        else the top-level one."""
         spec = next((c for c in self.clusters if c.name == cluster), None) if isinstance(cluster, str) else cluster
-        return (spec.database if spec is not None else None) or self.database
+        if spec is None:
+            return self.database
+        return spec.database or uri_database(spec.uri) or self.database
 
 
 def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -446,9 +463,19 @@ def _clusters(r: YamlReader, node: yaml.SequenceNode, default_database: str) -> 
             if name in names:
                 r.problem(spec["name"], f"{path}.name", f"duplicate cluster name, already used by {names[name]} (got {name!r})")
             names.setdefault(name, path)
+        if uri is not None and database is not None:
+            problem = database_problem(uri, database)
+            if problem is not None:
+                r.problem(spec["database"], f"{path}.database", problem)
+                continue
+        elif uri is not None and "database" not in spec:
+            problem = database_problem(uri, None)
+            if problem is not None:
+                r.problem(spec["uri"], f"{path}.uri", problem)
+                continue
         if uri is not None and (database is not None or "database" not in spec):
             cluster = ClusterConfig(name=name or "", uri=uri, options=options, database=database)
-            home = (cluster.deployment, database or default_database)
+            home = (cluster.deployment, database or uri_database(uri) or default_database)
             if home in homes:
                 r.problem(
                     spec["uri"], f"{path}.uri", f"same deployment and database as {homes[home]}: give one of them a database "

@@ -8,8 +8,13 @@ stays loadable without it.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Mapping
+from typing import Any
 
-__all__ = ["broker_problem", "masked_uri", "redact_uri", "uri_password", "uri_problem"]
+__all__ = [
+    "broker_problem", "deployment_identity", "masked_uri", "redact_uri", "uri_database", "uri_password", "uri_path",
+    "uri_problem",
+]
 
 # scheme://user:password@ -- the password runs to the last "@" before the host part.
 _SECRET = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:@/\s'\"]*):[^\s'\"]*@(?=[^@\s'\"]*(?:[\s'\"]|$))")
@@ -25,6 +30,70 @@ def uri_password(uri: str) -> str | None:
     at = authority.rfind("@")
     userinfo = authority[:at] if at >= 0 else ""
     return userinfo.split(":", 1)[1] if ":" in userinfo else None
+
+
+def uri_path(uri: str) -> str | None:
+    """*uri*'s path, unquoted (``mongodb://h/feed_x`` gives ``feed_x``), or ``None``."""
+    from urllib.parse import unquote_plus
+
+    path = uri.split("://", 1)[-1].partition("?")[0].partition("/")[2]
+    return unquote_plus(path) if path else None
+
+
+def uri_database(uri: str) -> str | None:
+    """The database named in *uri*'s path, as pymongo reads it (``db.coll`` names database ``db``), or ``None``."""
+    path = uri_path(uri)
+    return path.partition(".")[0] if path else None
+
+
+def deployment_identity(uri: str, options: Mapping[str, Any]) -> tuple[Hashable, ...]:
+    """What makes two cluster entries one deployment for a client: *uri* and *options* as the driver reads them.
+
+    The scheme; the hosts as ``(host, port)`` pairs, lower-cased, with the default port
+    filled in, in any order; the credentials; and every driver option, from the URI's
+    query or from *options* (which win, as they do for ``MongoClient``), by its
+    case-insensitive internal name and its validated value (``maxpoolsize=5`` in the URI
+    and ``maxPoolSize: 5`` under ``options`` are the same). The authentication database
+    is counted where credentials are given (the URI path is its default). A URI pymongo
+    cannot parse is its own identity. Never shown: it holds the password.
+    """
+    from pymongo import common
+    from pymongo.errors import PyMongoError
+    from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
+
+    scheme, _, rest = uri.partition("://")
+    head, _, query = rest.partition("?")
+    hostinfo, _, path = head.partition("/")
+    userinfo, at, hosts = hostinfo.rpartition("@")
+    try:
+        merged: dict[str, Any] = {}
+        if at:
+            merged["username"], merged["password"] = parse_userinfo(userinfo)
+        nodes = sorted(split_hosts(hosts, default_port=None if scheme == "mongodb+srv" else 27017), key=repr)
+        if query:
+            merged.update((key.lower(), value) for key, value in split_options(query, validate=True, warn=False).items())
+        for key, value in options.items():
+            try:
+                value = common.validate(key, value)[1]
+            except (PyMongoError, ValueError, TypeError):  # the client refuses it when it is made
+                pass
+            merged[common.INTERNAL_URI_OPTION_NAME_MAP.get(key.lower(), key.lower())] = value
+    except (PyMongoError, ValueError, TypeError):
+        return (uri, tuple(sorted((k, _hashable(v)) for k, v in options.items())))
+    if merged.get("username") is not None and "authsource" not in merged:
+        merged["authsource"] = uri_database(uri) or "admin"
+    return (scheme, tuple(nodes), tuple(sorted((k, _hashable(v)) for k, v in merged.items())))
+
+
+def _hashable(value: Any) -> Hashable:
+    """An option's value as a key part (event listeners and other objects by identity)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return id(value)
+    return value  # type: ignore[no-any-return]
 
 
 #: A host as pymongo's split_hosts returns it: a name or IPv4 address, an IPv6 address (brackets

@@ -24,6 +24,7 @@ still short, the entries below it with a third, and so on until the outbox is ex
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position, encode_state
+from ..errors import ClusterUnavailable
 from ..model import FeedItem, Page
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
@@ -38,9 +40,12 @@ from .layouts import Inbox, Layout, layout_for, outbox
 from .policy import turn_deadline
 from .steps import Concurrently, Failure, Find, Program, Report, ask
 
-__all__ = ["ReadPlan", "read_program"]
+__all__ = ["MAX_WAVE", "ReadPlan", "read_program"]
 
 log = logging.getLogger(__name__)
+
+#: The most clusters one wave of a page asks at once (see :meth:`_Walk.main`).
+MAX_WAVE = 16
 
 
 @attrs.frozen
@@ -57,6 +62,9 @@ class ReadPlan:
     deadline: float
     pull: tuple[int | str, ...] = ()
     types: tuple[int | str, ...] = ()
+    #: Each cluster's deployment, as an opaque key (clusters on one deployment share it); a cluster not named here
+    #: is a deployment of its own.
+    deployments: Mapping[str, Hashable] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -191,79 +199,168 @@ def _merge(inbox: list[_Entry], pulled: list[_Entry], position: Position | None)
     return out
 
 
-def _fetch(plan: ReadPlan, cluster: str, position: Position | None, need: int, *, others: int) -> Program[_Fetched | Failure]:
-    """What *cluster* gives towards the page, in its turn: while *others* clusters may still be asked after it,
-    a partial page gives it only its share of the deadline (:func:`~router.core.policy.turn_deadline`)."""
-    deadline = turn_deadline(plan.deadline, others=others) if plan.on_unavailable == "partial" else plan.deadline
+def _fetch(plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float) -> Program[_Fetched | Failure]:
+    """What *cluster* gives towards the page: its *need* newest entries after *position*."""
     if plan.pull:
         return (yield from _with_pull(plan, cluster, position, need, deadline))
     return (yield from _inbox_only(plan, cluster, position, need, deadline))
 
 
+def _first(fetched: _Fetched, need: int) -> _Fetched:
+    """The first *need* of an inbox-only answer that holds more: what asking for *need* would have given."""
+    entries = fetched.entries[:need]
+    return _Fetched(entries, Position(entries[-1].event_time, entries[-1].key), True)
+
+
+def _next_wave(wave: int, *, asked: int, got: int, missing: int) -> int:
+    """How many clusters the next wave asks at once: as many as the clusters asked so far suggest the missing
+    entries need (*got* entries from *asked* clusters), at most twice the last wave and :data:`MAX_WAVE`."""
+    if got == 0:
+        return min(MAX_WAVE, 2 * wave)
+    return max(1, min(MAX_WAVE, 2 * wave, -(-missing * asked // got)))
+
+
+class _Walk:
+    """One page's walk over the clusters: what it took, what it owes, and which deployments did not answer."""
+
+    def __init__(self, plan: ReadPlan) -> None:
+        self.plan = plan
+        self.entries: list[_Entry] = []
+        self.sources: list[str] = []
+        self.queried: list[str] = []
+        self.unavailable: list[str] = []
+        self.owed: list[tuple[str, Position | None]] = []
+        self.down: dict[Hashable, str] = {}  # deployment -> the cluster that found it down in this call
+
+    @property
+    def missing(self) -> int:
+        return self.plan.limit - len(self.entries)
+
+    def deployment(self, cluster: str) -> Hashable:
+        return self.plan.deployments.get(cluster, cluster)
+
+    def asking(self, clusters: Sequence[str]) -> int:
+        """How many of *clusters* may still be asked: those whose deployment is not known down."""
+        return sum(1 for c in clusters if self.deployment(c) not in self.down)
+
+    def deadline(self, *, others: int) -> float:
+        """A turn's deadline: a partial page's turn shares the time with the *others* asked after it
+        (:func:`~router.core.policy.turn_deadline`); a page that raises gives each the whole deadline."""
+        if self.plan.on_unavailable == "partial":
+            return turn_deadline(self.plan.deadline, others=others)
+        return self.plan.deadline
+
+    def ask(self, cluster: str, position: Position | None, need: int, deadline: float) -> Program[_Fetched | Failure]:
+        """*cluster*'s answer, or a Failure without asking when another period of its deployment gave no answer in
+        this call (a dead deployment costs one turn, not one per period on it)."""
+        deployment = self.deployment(cluster)
+        found = self.down.get(deployment)
+        if found is not None:
+            return Failure("unavailable", ClusterUnavailable(
+                cluster, f"not asked: its deployment gave no answer for cluster {found!r} in this call"))
+        answer = yield from _fetch(self.plan, cluster, position, need, deadline)
+        if isinstance(answer, Failure) and answer.cluster_down:
+            self.down.setdefault(deployment, cluster)
+        return answer
+
+    def take(self, cluster: str, fetched: _Fetched) -> None:
+        self.queried.append(cluster)
+        self.entries.extend(fetched.entries)
+        self.sources.extend([cluster] * len(fetched.entries))
+
+    def failed(self, cluster: str, failure: Failure, position: Position | None) -> None:
+        if self.plan.on_unavailable == "raise":
+            raise failure.error
+        log.warning("%s; serving a partial page", failure.error, extra={"cluster": cluster})
+        self.unavailable.append(cluster)
+        self.owed.append((cluster, position))
+
+    def pending(self, pending: Sequence[tuple[str, Position | None]], names: Sequence[str]) -> Program[None]:
+        """The clusters an earlier partial page owes, one after another, each from where its items begin."""
+        for i, (cluster, position) in enumerate(pending):
+            if self.missing <= 0:
+                self.owed.append((cluster, position))
+                continue
+            deadline = self.deadline(others=self.asking([c for c, _ in pending[i + 1:]]) + self.asking(names))
+            answer = yield from self.ask(cluster, position, self.missing, deadline)
+            if isinstance(answer, Failure):
+                self.failed(cluster, answer, position)
+                continue
+            self.take(cluster, answer)
+            if answer.more:
+                self.owed.append((cluster, answer.last))
+
+    def main(self, names: Sequence[str], main: Position | None) -> Program[tuple[Position | None, bool]]:
+        """The walk from *main* over *names*, newest first, in waves; returns the next main position and whether the
+        walk is done.
+
+        The newest cluster is asked alone. While the page is not full the next clusters are asked in a wave, at
+        once, each for all the entries still missing (:func:`_next_wave` says how many); their answers are then
+        taken in period order, as one after another would have been, and those after the page filled are dropped.
+        An answer with more than the page still needs is cut (or, with pulled senders, asked again for what it
+        needs), so the page and its cursor are exactly those of the walk one cluster at a time.
+        """
+        last: Position | None = None
+        wave, asked, got, i = 1, 0, 0, 0
+        while i < len(names):
+            if self.missing <= 0:
+                return last or main, False
+            batch = names[i:i + wave]
+            i += len(batch)
+            deadline = self.deadline(others=self.asking(names[i:]))
+            need = self.missing
+            if len(batch) == 1:
+                answers = [(yield from self.ask(batch[0], main, need, deadline))]
+            else:
+                answers = yield Concurrently([self.ask(c, main, need, deadline) for c in batch], list(batch))
+            before = len(self.entries)
+            for cluster, answer in zip(batch, answers):
+                if self.missing <= 0:
+                    return last or main, False
+                if isinstance(answer, Failure):
+                    self.failed(cluster, answer, main)
+                    continue
+                if len(answer.entries) > self.missing:
+                    if self.plan.pull:
+                        answer = yield from self.ask(cluster, main, self.missing, deadline)
+                        if isinstance(answer, Failure):
+                            self.failed(cluster, answer, main)
+                            continue
+                    else:
+                        answer = _first(answer, self.missing)
+                self.take(cluster, answer)
+                last = answer.last or last
+                if answer.more:
+                    return last or main, False
+            asked += len(batch)
+            got += len(self.entries) - before
+            wave = _next_wave(wave, asked=asked, got=got, missing=self.missing)
+        return last or main, True
+
+
 def read_program(plan: ReadPlan) -> Program[Page]:
     """One page: clusters owed by an earlier partial page first, then the main walk, newest cluster first.
 
-    With ``on_unavailable="partial"`` each cluster asked gets its turn's share of the
-    deadline, so a hung cluster leaves time for the ones after it (see :mod:`router.core.policy`).
+    With ``on_unavailable="partial"`` each turn gets its share of the deadline, so a hung cluster leaves time for
+    the ones after it (see :mod:`router.core.policy`); a deployment that gave no answer is not asked again in the
+    call, for any of its periods. Older clusters are asked in waves (see :meth:`_Walk.main`).
     """
-    limit = plan.limit
-    entries: list[_Entry] = []
-    sources: list[str] = []
-    queried: list[str] = []
-    unavailable: list[str] = []
-    owed: list[tuple[str, Position | None]] = []
-
-    def take(cluster: str, fetched: _Fetched) -> None:
-        queried.append(cluster)
-        entries.extend(fetched.entries)
-        sources.extend([cluster] * len(fetched.entries))
-
-    def failed(cluster: str, failure: Failure, position: Position | None) -> None:
-        if plan.on_unavailable == "raise":
-            raise failure.error
-        log.warning("%s; serving a partial page", failure.error, extra={"cluster": cluster})
-        unavailable.append(cluster)
-        owed.append((cluster, position))
-
+    walk = _Walk(plan)
     main, done = plan.state.position, plan.state.done
     names = [] if done else plan.timemap.clusters_for_read(
         now=plan.now, window=plan.window, before=main.event_time if main is not None else None
     )
-    pending = plan.state.pending
-    for i, (cluster, position) in enumerate(pending):  # clusters skipped earlier while down
-        if len(entries) >= limit:
-            owed.append((cluster, position))
-            continue
-        answer = yield from _fetch(plan, cluster, position, limit - len(entries), others=len(pending) - i - 1 + len(names))
-        if isinstance(answer, Failure):
-            failed(cluster, answer, position)
-            continue
-        take(cluster, answer)
-        if answer.more:
-            owed.append((cluster, answer.last))
+    yield from walk.pending(plan.state.pending, names)
     if not done:
-        done = True
-        last: Position | None = None
-        for j, cluster in enumerate(names):
-            if len(entries) >= limit:
-                done = False
-                break
-            answer = yield from _fetch(plan, cluster, main, limit - len(entries), others=len(names) - j - 1)
-            if isinstance(answer, Failure):
-                failed(cluster, answer, main)
-                continue
-            take(cluster, answer)
-            last = answer.last or last
-            if answer.more:
-                done = False
-                break
-        if last is not None and not done:
-            main = last
-    yield Report(Event("read_clusters", len(set(queried))))
-    for cluster in unavailable:
+        main, done = yield from walk.main(names, main)
+    yield Report(Event("read_clusters", len(set(walk.queried))))
+    for cluster in walk.unavailable:
         yield Report(Event("partial_read", cluster=cluster))
+    owed = walk.owed
     next_cursor = None if done and not owed else encode_state(CursorState(position=main, pending=tuple(owed), done=done))
+    entries = walk.entries
     return Page(
-        items=tuple(e.item for e in entries), next_cursor=next_cursor, sources=tuple(sources), queried=tuple(queried),
-        partial=bool(unavailable), unavailable=tuple(unavailable), pulled=tuple(e.pulled for e in entries),
+        items=tuple(e.item for e in entries), next_cursor=next_cursor, sources=tuple(walk.sources),
+        queried=tuple(walk.queried), partial=bool(walk.unavailable), unavailable=tuple(walk.unavailable),
+        pulled=tuple(e.pulled for e in entries),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+
 import attrs
 
 from ..config import RouterConfig
@@ -26,6 +28,8 @@ class Settings:
     timeout: float
     max_pull: int = 1000
     pull_threshold: int | None = None
+    #: Each cluster's deployment, as a number shared by the clusters on it (see :attr:`ClusterConfig.deployment`).
+    deployments: Mapping[str, int] = attrs.field(factory=dict)
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> Settings:
@@ -37,4 +41,11 @@ class Settings:
             timeout=timeout,
             max_pull=config.max_pull,
             pull_threshold=config.pull_threshold,
+            deployments=deployment_numbers(config),
         )
+
+
+def deployment_numbers(config: RouterConfig) -> dict[str, int]:
+    """Each cluster's deployment as a number, the same for clusters on one deployment (no URI, no password)."""
+    numbers: dict[Hashable, int] = {}
+    return {c.name: numbers.setdefault(c.deployment, len(numbers)) for c in config.clusters}

@@ -76,7 +76,7 @@ class AsyncCluster:
         with self.clients.using(self.spec, request.collection) as client:
             left = time_left(request, client)
             if left <= 0:
-                return late(request, self.name)
+                return late(request, self.name, client)
             call, answer = call_for(request, self._collections.on(client)[request.collection])
             try:
                 with pymongo.timeout(left):

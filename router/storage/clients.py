@@ -9,8 +9,11 @@ command. There are two kinds:
 
 * **hot**, made by the first request for a feed, outbox or checkpoint on the deployment
   (the periods in use): the driver's full monitoring. It is closed once no such request
-  has used it for ``clients.idle_close`` (looked at whenever a client is asked for, so at
-  least at every metadata refresh) and made again by the next request.
+  has used it for ``clients.idle_close``, counted from the end of the last one (looked at
+  whenever a client is asked for, so at least at every metadata refresh), and made again
+  by the next request. Counting from the end matters when a deployment is down: each
+  request then waits for a server as long as it may, and a client counted idle from the
+  request's start was closed, and made again, between one failed request and the next.
 * **cold**, for metadata reads on a deployment without a hot client (start-up, and the
   refresh of periods nobody reads or writes): cheap monitoring (:data:`COLD_OPTIONS`:
   one polling monitor, a heartbeat a minute), closed when the metadata load that used it
@@ -228,22 +231,27 @@ class Deployments(Generic[C]):
     @contextlib.contextmanager
     def using(self, spec: ClusterConfig, collection: str) -> Iterator[C]:
         """The client for one request on *collection* (a data request unless it is the metadata), held while in use."""
-        client = self.acquire(spec, data=collection != "metadata")
+        data = collection != "metadata"
+        client = self.acquire(spec, data=data)
         try:
             yield client
         finally:
-            self.release(spec, client)
+            self.release(spec, client, data=data)
 
-    def release(self, spec: ClusterConfig, client: C) -> None:
-        """*client* is no longer used by the request that acquired it."""
+    def release(self, spec: ClusterConfig, client: C, *, data: bool = True) -> None:
+        """*client* is no longer used by the request that acquired it (a *data* request, as for :meth:`acquire`):
+        its idle time starts now."""
         with self._lock:
             slot = self._slots.get(self._deployment(spec))
             if slot is None:
                 return
             if client is slot.hot:
                 slot.hot_users -= 1
+                if data:
+                    slot.hot_used_at = self._clock()
             elif client is slot.cold:
                 slot.cold_users -= 1
+                slot.cold_used_at = self._clock()
 
     def release_cold(self) -> None:
         """Let every cold client not in use go (a metadata load has ended)."""

@@ -126,7 +126,7 @@ class Cluster:
         with self.clients.using(self.spec, request.collection) as client:
             left = time_left(request, client)
             if left <= 0:
-                return late(request, self.name)
+                return late(request, self.name, client)
             call, answer = call_for(request, self._collections.on(client)[request.collection])
             try:
                 with pymongo.timeout(left):
@@ -237,6 +237,7 @@ class Clusters:
         self._by_name: dict[str, Cluster] = {}
         self._pools: dict[Deployment, ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
+        self._worker = threading.local()  # .busy: this thread is running a sub-program on a pool
         #: The clients, one per deployment, shared by its clusters.
         self.clients = sync_deployments(config, extra_options, self._end_pools)
         try:
@@ -306,7 +307,12 @@ class Clusters:
         programs, lanes = request.programs, request.lanes
         if len(programs) == 1:
             return [self.run(programs[0])]
-        futures = [self._submit(lane, p) for p, lane in zip(programs, lanes)]
+        if getattr(self._worker, "busy", False):
+            # Already on a pool's thread (a sub-program of a wave asking inbox and outbox at once): waiting here for
+            # threads of the same pools, all of which may be waiting the same way, could never end. Run them here.
+            futures = [_run_here(self.run, p) for p in programs]
+        else:
+            futures = [self._submit(lane, p) for p, lane in zip(programs, lanes)]
         results, first_error = [], None
         for future in futures:
             try:
@@ -346,14 +352,17 @@ class Clusters:
             return _failed_future(lane)
         context = contextvars.copy_context()
         try:
-            return pool.submit(context.run, self.run, program)
+            return pool.submit(context.run, self._run_on_worker, program)
         except RuntimeError:  # the pool is shut down (close() raced this call): run it here; its requests fail
-            future: Future[Any] = Future()
-            try:
-                future.set_result(context.run(self.run, program))
-            except BaseException as exc:
-                future.set_exception(exc)
-            return future
+            return _run_here(context.run, self.run, program)
+
+    def _run_on_worker(self, program: Program[T]) -> T:
+        """:meth:`run` on a pool's thread, marked so that a nested :class:`Concurrently` runs on it (see _concurrently)."""
+        self._worker.busy = True
+        try:
+            return self.run(program)
+        finally:
+            self._worker.busy = False
 
     # -- helpers for the operator tools --------------------------------------------------
 
@@ -434,6 +443,16 @@ class Clusters:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _run_here(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` run now, on this thread, as a completed Future."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:
+        future.set_exception(exc)
+    return future
 
 
 def _failed_future(lane: str) -> Future[Any]:

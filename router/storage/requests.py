@@ -108,30 +108,70 @@ def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Ev
     )
 
 
+#: How often pymongo looks again for a server while it knows none it may use (``MIN_HEARTBEAT_INTERVAL``): its wait
+#: for one ends up to this long after the time it was given.
+SELECTION_STEP = 0.5
+
+
 def time_left(request: IORequest, client: Any) -> float:
     """The time this request may take: what is left before its deadline (zero or less: do not send it).
 
     Under ``pymongo.timeout`` pymongo ignores ``socketTimeoutMS`` and ``serverSelectionTimeoutMS``
     and waits until the deadline. Both are applied here again: no request waits longer than
     its cluster's ``socketTimeoutMS`` (when set), so a hung cluster fails in the time the
-    configuration says, as a timeout; and while the client knows no server it could write
-    to (the cluster is down, or not reached yet), the wait is capped at
+    configuration says, as a timeout; and while the client knows no server the request may
+    use (the cluster is down, or not reached yet), the wait is capped at
     ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
+
+    While it knows no server it may use, pymongo looks for one again only every
+    :data:`SELECTION_STEP`, so such a wait can end that long after the time it was given.
+    Where that can happen the request is given that much less than what is left, and one
+    with no more than that left is not sent: when the client has found its servers failing,
+    and for a write pymongo retries by itself (``retryWrites``), whose second try selects a
+    server again. (A client that has not reached its servers yet is woken by its first
+    check, so a read on it gets what is left.)
     """
     left = request.deadline - time.monotonic()
     socket_timeout: float | None = client.options.pool_options.socket_timeout
     if socket_timeout:
         left = min(left, socket_timeout)
-    if not client.topology_description.has_writable_server():
-        return min(left, float(client.options.server_selection_timeout))
-    return left
+    known = _server_known(request, client)
+    if (not known and _servers_failed(client)) or _driver_retries(request, client):
+        left -= SELECTION_STEP
+    return left if known else min(left, float(client.options.server_selection_timeout))
 
 
-def late(request: IORequest, cluster: str) -> Any:
-    """The answer for a request whose deadline passed before it could be sent."""
-    return _as_answer(request, Failure("timeout", ClusterUnavailable(
-        cluster, f"{describe(request)}: the call's deadline passed before it was sent"
-    )))
+def _driver_retries(request: IORequest, client: Any) -> bool:
+    """Whether pymongo may try *request* a second time by itself: a single-document or bulk write under
+    ``retryWrites`` (``update_many`` and ``delete_many`` are not retryable writes)."""
+    one = isinstance(request, (Insert, Upserts)) or (isinstance(request, Update) and request.one)
+    return one and bool(client.options.retry_writes)
+
+
+def _server_known(request: IORequest, client: Any) -> bool:
+    """Whether *client* knows a server *request* may be sent to now (a readable one for reads, else a writable one)."""
+    description = client.topology_description
+    if isinstance(request, (Find, Count)):
+        return bool(description.has_readable_server(client.read_preference))
+    return bool(description.has_writable_server())
+
+
+def _servers_failed(client: Any) -> bool:
+    """Whether *client*'s monitors or requests found one of its servers failing (not just not checked yet)."""
+    return any(server.error is not None for server in client.topology_description.server_descriptions().values())
+
+
+def late(request: IORequest, cluster: str, client: Any) -> Any:
+    """The answer for a request not sent: its deadline passed, or too little of it is left (:func:`time_left`)."""
+    if request.deadline <= time.monotonic():
+        why = "the call's deadline passed before it was sent"
+    elif not _server_known(request, client):
+        return _as_answer(request, Failure("unavailable", ClusterUnavailable(
+            cluster, f"{describe(request)}: no server is known to be up, and too little of the call's time is left to "
+            "wait for one")))
+    else:
+        why = "too little of the call's time was left to send it"
+    return _as_answer(request, Failure("timeout", ClusterUnavailable(cluster, f"{describe(request)}: {why}")))
 
 
 def failed(request: IORequest, exc: BaseException, cluster: str, secrets: Sequence[str]) -> Any:

@@ -16,6 +16,7 @@ counted.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection
 
 import attrs
@@ -39,28 +40,42 @@ class CommandLog(monitoring.CommandListener):
     """Records started commands and counts the documents find/getMore return, while ``on``.
 
     ``on`` starts as given (off by default); ``commands`` lists what was started, in order;
-    ``documents`` adds up the documents find and getMore replies carried.
+    ``documents`` adds up the documents find and getMore replies carried; ``rounds`` and
+    ``most_in_flight`` say how many of the commands went one after another and how many at once.
     """
 
     def __init__(self, *, on: bool = False) -> None:
         self.on = on
         self.commands: list[Command] = []
         self.documents = 0
+        #: How many commands started while no other was in flight: the calls' round trips one after another.
+        self.rounds = 0
+        #: The most commands in flight at once.
+        self.most_in_flight = 0
+        self._in_flight: set[tuple[int, object]] = set()
+        self._lock = threading.Lock()
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if self.on:
             name = event.command_name
             target = event.command.get("collection") if name == "getMore" else event.command.get(name)
             port = int(event.connection_id[1] or 0)
-            self.commands.append(Command(port, name, target if isinstance(target, str) else ""))
+            with self._lock:
+                self.commands.append(Command(port, name, target if isinstance(target, str) else ""))
+                self.rounds += not self._in_flight
+                self._in_flight.add((event.request_id, event.connection_id))
+                self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        with self._lock:
+            self._in_flight.discard((event.request_id, event.connection_id))
         if self.on and event.command_name in _READS:
             cursor = event.reply.get("cursor", {})
             self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
+        with self._lock:
+            self._in_flight.discard((event.request_id, event.connection_id))
 
     def count(self, name: str) -> dict[int, int]:
         """How many ``name`` commands each port was sent (ports sent none are absent)."""

@@ -122,3 +122,49 @@ def test_a_router_over_a_thousand_periods_on_three_servers(
             break
     assert seen == list(range(len(times)))
     assert len(router.clusters.clients.open()) <= 3
+
+
+def test_equivalent_uris_share_one_client(
+    servers: LocalClusters, raw_clients: Clients, db_name: str, open_router: Callable[..., Any]
+) -> None:
+    """Three periods whose URIs differ only in spelling (host case, the slash before the options, an option in the
+    URI or under options) are one deployment: one client serves them all (they got three)."""
+    port = raw_clients[NAMES[0]].address[1]
+    spellings = [
+        (f"mongodb://localhost:{port}/?maxPoolSize=7", {}),
+        (f"mongodb://LocalHost:{port}?maxpoolsize=7", {}),
+        (f"mongodb://localhost:{port}", {"maxPoolSize": 7}),
+    ]
+    config = RouterConfig(database=db_name, clusters=tuple(
+        ClusterConfig(name=n, uri=u, options=o, database=f"{db_name}_{i}") for i, (n, (u, o)) in enumerate(zip(NAMES, spellings))
+    ))
+    try:
+        register(config)
+        router = open_router(config, clock=lambda: NOW, refresh=False)
+        router.write_many([item(7, i, start + timedelta(days=1)) for i, (start, _) in enumerate(PERIODS)])
+        assert [i.data["n"] for i in router.read(7, limit=10).items] == [2, 1, 0]
+        assert [c.kind for c in router.clusters.clients.open()] == ["hot"]
+    finally:
+        for i in range(len(NAMES)):
+            raw_clients[NAMES[0]].drop_database(f"{db_name}_{i}")
+
+
+def test_a_database_in_the_uri_path_holds_the_period(
+    servers: LocalClusters, raw_clients: Clients, db_name: str, open_router: Callable[..., Any]
+) -> None:
+    """`uri: mongodb://h:p/<db>` without `database:` keeps the period in <db> (it went to the top-level database)."""
+    own = f"{db_name}_own"
+    config = RouterConfig(database=db_name, clusters=tuple(
+        ClusterConfig(name=n, uri=f"{u}/{own}" if n == NAMES[2] else u) for n, u in zip(NAMES, servers.uris)
+    ))
+    try:
+        register(config)
+        router = open_router(config, clock=lambda: NOW, refresh=False)
+        router.write_many([item(8, 1, NOW)])
+        assert [i.data["n"] for i in router.read(8).items] == [1]
+        client = raw_clients[NAMES[2]]
+        assert client[own].feed.count_documents({"receiver_id": 8}) == 1
+        assert client[own].metadata.find_one({})["_id"] == NAMES[2]  # type: ignore[index]
+        assert client[db_name].feed.count_documents({}) == 0
+    finally:
+        raw_clients[NAMES[2]].drop_database(own)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router import ConfigError, load_config, parse_config
+from router import ClusterConfig, ConfigError, load_config, parse_config
 from router.uris import redact_uri
 
 GOOD = """\
@@ -309,3 +309,74 @@ def test_one_database_of_one_deployment_twice_is_refused_where_it_is_written() -
         "clusters.yaml:7:47: clusters[4].database: must be a MongoDB database name (got 'no.dots')",
         "clusters.yaml:8:23: clients.idle_close: must be a positive duration like 90d, 12h, 4w (got 'soon')",
     ]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("uri: 'mongodb://h:1/?maxPoolSize=5&w=1'", "uri: 'mongodb://h:1/?w=1&maxPoolSize=5'"),
+        ("uri: 'mongodb://h:1/?w=1'", "uri: 'mongodb://h:1?w=1'"),
+        ("uri: 'mongodb://DB1.Example:1'", "uri: 'mongodb://db1.example:1'"),
+        ("uri: 'mongodb://h'", "uri: 'mongodb://h:27017'"),
+        ("uri: 'mongodb://h:1/?maxpoolsize=5'", "uri: 'mongodb://h:1/?maxPoolSize=5'"),
+        ("uri: 'mongodb://a:1,b:2/?replicaSet=rs'", "uri: 'mongodb://b:2,a:1/?replicaSet=rs'"),
+        ("uri: 'mongodb://h:1/?maxPoolSize=5'", "uri: 'mongodb://h:1', options: {maxPoolSize: 5}"),
+        ("uri: 'mongodb://h:1/?socketTimeoutMS=2000'", "uri: 'mongodb://h:1', options: {socketTimeoutMS: 2000}"),
+        ("uri: 'mongodb://h:1/?ssl=true'", "uri: 'mongodb://h:1', options: {tls: true}"),
+    ],
+    ids=["option order", "slash before options", "host case", "default port", "option name case", "host order",
+         "option in the uri or options", "timeout in the uri or options", "option alias"],
+)
+def test_equivalent_uris_are_one_deployment(first: str, second: str) -> None:
+    """URIs the driver reads as the same deployment are one: a second entry with the same database is refused where
+    it is written, with the duplicate's message (it got a client of its own, then a MetadataError at start-up)."""
+    text = f"clusters:\n  - {{name: a, {first}}}\n  - {{name: b, {second}}}\n"
+    [message] = problems(text)
+    assert message.startswith("clusters.yaml:3:") and "clusters[1].uri: same deployment and database as clusters[0]" in message
+    ok = parse_config(text.replace("{name: b, ", "{name: b, database: other, "))
+    assert ok.clusters[0].deployment == ok.clusters[1].deployment
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("mongodb://h:1", "mongodb://h:2"),
+        ("mongodb://h:1/?maxPoolSize=5", "mongodb://h:1/?maxPoolSize=6"),
+        ("mongodb://u:p@h:1", "mongodb://v:p@h:1"),
+        ("mongodb://u:p@h:1/?authSource=a", "mongodb://u:p@h:1/?authSource=b"),
+        ("mongodb://h:1", "mongodb+srv://h"),
+    ],
+)
+def test_different_deployments_stay_apart(first: str, second: str) -> None:
+    """Another host, port, option value, user or auth database is another deployment."""
+    config = parse_config(f"clusters:\n  - {{name: a, uri: '{first}'}}\n  - {{name: b, uri: '{second}'}}\n")
+    assert config.clusters[0].deployment != config.clusters[1].deployment
+
+
+def test_the_database_in_the_uri_path_is_the_periods_database() -> None:
+    """mongodb://h/feed_x names the period's database (it was ignored for the top-level one); a `database:` that
+    contradicts it is refused, and so is a second entry for the same database by either spelling."""
+    config = parse_config(
+        "database: feed\n"
+        "clusters:\n"
+        "  - {name: a, uri: 'mongodb://h:1/feed_a'}\n"
+        "  - {name: b, uri: 'mongodb://h:1/feed_b?w=1', database: feed_b}\n"
+        "  - {name: c, uri: 'mongodb://h:1/'}\n"
+    )
+    assert [config.database_for(c) for c in config.clusters] == ["feed_a", "feed_b", "feed"]
+    assert config.database_for("a") == "feed_a"
+    assert problems(
+        "clusters:\n"
+        "  - {name: a, uri: 'mongodb://h:1/feed_a', database: feed_b}\n"
+        "  - {name: b, uri: 'mongodb://h:1', database: feed_c}\n"
+        "  - {name: c, uri: 'mongodb://h:1/feed_c'}\n"
+        "  - {name: d, uri: 'mongodb://h:1/no.dots'}\n"
+    ) == [
+        "clusters.yaml:2:54: clusters[0].database: contradicts the database in the URI's path ('feed_a'): name one of "
+        "them, or the same in both (got 'feed_b')",
+        "clusters.yaml:4:20: clusters[2].uri: same deployment and database as clusters[1]: give one of them a database "
+        "of its own (got 'mongodb://h:1/feed_c', database 'feed_c')",
+        "clusters.yaml:5:20: clusters[3].uri: the URI's path must be a database name, the period's database (got 'no.dots')",
+    ]
+    with pytest.raises(ConfigError, match=r"clusters\['x'\].database: contradicts the database in the URI's path"):
+        ClusterConfig(name="x", uri="mongodb://h:1/feed_a", database="feed_b")

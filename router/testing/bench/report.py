@@ -31,6 +31,9 @@ from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
 from .scale import SIZES as SCALE_SIZES
 from .scale import SMALL_SIZES as SMALL_SCALE_SIZES
 from .scale import bench_scale
+from .sparse import SIZES as SPARSE_SIZES
+from .sparse import SMALL_SIZES as SMALL_SPARSE_SIZES
+from .sparse import bench_sparse
 from .workers import bench_celery_scaling
 from .writes import bench_cpu, bench_handwritten, bench_writes
 
@@ -43,7 +46,7 @@ def _chart(results: list[Result], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "chart skipped: matplotlib is not installed (pip install 'feed-router[bench]')"
-    shown = [r for r in results if r.ratios and r.judged and not r.name.startswith(("scale_", "layout_")) and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index")]
+    shown = [r for r in results if r.ratios and r.judged and not r.name.startswith(("scale_", "layout_", "sparse_")) and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index")]
     if not shown:
         return "chart skipped: no ratio measured in this run"
     fig, ax = plt.subplots(figsize=(8, 3.2 + 0.35 * len(shown)))
@@ -115,6 +118,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("unseen_count", lambda: bench_unseen(servers, s.reps, s.reads)),
             ("type_index", lambda: bench_type_index(servers, s.writes, s.reps, s.reads)),
             ("scale", lambda: bench_scale(servers, SCALE_SIZES if size == "full" else SMALL_SCALE_SIZES)),
+            ("sparse_pages", lambda: bench_sparse(servers, SPARSE_SIZES if size == "full" else SMALL_SPARSE_SIZES, s.reps)),
             ("layouts", lambda: bench_layouts(servers[-1], items=s.layouts[0], receivers=s.layouts[1], fanout=s.layouts[2],
                                               reps=s.layouts[3], rounds=7 if size == "full" else 2)),
             ("feed_size", lambda: bench_feed_size(servers, sizes=s.feed_sizes, rounds=15 if size == "full" else 3,

@@ -1,0 +1,92 @@
+"""Sparse receivers over many periods: a page that must look into every period asks the older ones in waves, at once,
+and stays exactly the page the walk one period at a time gives."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from router import Activity, FeedItem, RouterConfig, data_key
+from router.testing.commands import CommandLog
+from router.testing.fleet import FIRST, drop_fleet, fleet_config, register_fleet
+from router.testing.localservers import LocalClusters
+
+#: Periods in the fleet: weekly, a database each, spread over the session's three servers.
+PERIODS = 200
+NOW = FIRST + timedelta(weeks=PERIODS - 1, days=3)
+
+
+@pytest.fixture(scope="module")
+def fleet(servers: LocalClusters) -> Iterator[RouterConfig]:
+    """200 weekly periods on the three servers (metadata only; a period's feed is made by its first write)."""
+    config = fleet_config(servers.uris, PERIODS, prefix=f"s_{uuid.uuid4().hex[:8]}")
+    register_fleet(config)
+    yield config
+    drop_fleet(config)
+
+
+def item(receiver: int, n: int, when: datetime) -> FeedItem:
+    return FeedItem(receiver_id=receiver, sender_id=1, event_time=when, type=1, data={"n": n},
+                    data_key=data_key("sparse", receiver * 10_000 + n))
+
+
+def test_a_sparse_receivers_page_asks_the_older_periods_in_waves(
+    fleet: RouterConfig, open_router: Callable[..., Any], door: str
+) -> None:
+    """200 periods, one item in the newest: the page holds it, asks each period once (200 finds, as before) but in
+    at most 30 round trips one after another (it was 200, one find per period in turn): 16 waves, and a find of a
+    wave that starts after all the others of it finished counts as one more. A dense receiver's page is still one
+    find."""
+    sparse, dense = {"sync": (101, 102), "async": (103, 104)}[door]  # the fleet is shared by both doors' runs
+    log = CommandLog()
+    router = open_router(fleet, clock=lambda: NOW, refresh=False, event_listeners=[log])
+    router.write_many([item(sparse, 0, NOW - timedelta(hours=1))] + [item(dense, n, NOW - timedelta(minutes=n)) for n in range(60)])
+    log.on = True
+    page = router.read(sparse, limit=50)
+    log.on = False
+    assert [i.data["n"] for i in page.items] == [0] and page.next_cursor is None
+    assert log.total("find") == PERIODS
+    assert log.rounds <= 30, f"{log.rounds} round trips one after another"
+    dense_log = CommandLog()
+    router = open_router(fleet, clock=lambda: NOW, refresh=False, event_listeners=[dense_log])
+    dense_log.on = True
+    assert len(router.read(dense, limit=50).items) == 50
+    assert dense_log.total("find") == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_scattered_receivers_page_exactly(fleet: RouterConfig, open_router: Callable[..., Any], door: str, seed: int) -> None:
+    """Items scattered over the 200 periods (some periods dense, most empty), with and without pulled posts: paging
+    to the end at several page sizes gives every item once, newest first (waves cut or ask again an answer that
+    holds more than the page needs)."""
+    rng = random.Random(seed)
+    receiver = {"sync": 200, "async": 300}[door] + seed
+    sender = receiver + 50
+    router = open_router(fleet, clock=lambda: NOW, refresh=False)
+    weeks = [rng.randrange(PERIODS) for _ in range(12)] + [PERIODS - 1]
+    times = [FIRST + timedelta(weeks=w, hours=rng.randrange(160)) for w in weeks for _ in range(rng.choice((1, 1, 2, 9)))]
+    router.write_many([item(receiver, n, t) for n, t in enumerate(times)])
+    posts = [FIRST + timedelta(weeks=rng.randrange(PERIODS), hours=rng.randrange(160)) for _ in range(9)]
+    for n, when in enumerate(posts):
+        router.publish(Activity(sender_id=sender, event_time=when, type=1, data={"post": n},
+                                data_key=data_key("sparse-post", sender * 100 + n)), [], pull=True)
+    for limit in (1, 7, 50):
+        for pull in ([], [sender]):
+            got, cursor = [], None
+            while True:
+                page = router.read(receiver, limit=limit, cursor=cursor, pull=pull)
+                got += [(i.event_time.timestamp(), i.data) for i in page.items]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            expected = [(t.timestamp(), {"n": n}) for n, t in enumerate(times)]
+            if pull:
+                expected += [(t.timestamp(), {"post": n}) for n, t in enumerate(posts)]
+            expected.sort(key=lambda e: e[0], reverse=True)
+            assert [t for t, _ in got] == [t for t, _ in expected], (limit, pull)
+            assert sorted(map(repr, got)) == sorted(map(repr, expected)), (limit, pull)
