@@ -16,6 +16,8 @@ Example file::
     read:
       on_unavailable: raise        # or partial: serve what the reachable clusters hold
       max_pull: 1000               # the most senders one read may pull from outboxes, or one backfill copy from
+      max_periods: 32              # optional: the most periods one page asks; a page short after that many returns
+                                   # what it has, with a cursor that goes on with the next older period
     fanout:
       pull_threshold: 100000       # publish(): authors with more followers are pulled, not pushed
     write:
@@ -229,6 +231,7 @@ class RouterConfig:
     retry_backoff: timedelta = timedelta(milliseconds=100)
     on_unavailable: str = "raise"
     max_pull: int = 1000
+    max_periods: int | None = None
     pull_threshold: int | None = None
     refresh_interval: timedelta = timedelta(seconds=60)
     timeout: timedelta = timedelta(seconds=10)
@@ -293,9 +296,11 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         if "pull_threshold" in fanout:
             kwargs["pull_threshold"] = r.integer(fanout["pull_threshold"], "fanout.pull_threshold", minimum=1)
     if "read" in top:
-        read = r.mapping(top["read"], "read", {"on_unavailable", "max_pull"}) or {}
+        read = r.mapping(top["read"], "read", {"on_unavailable", "max_pull", "max_periods"}) or {}
         if "max_pull" in read:
             kwargs["max_pull"] = r.integer(read["max_pull"], "read.max_pull", minimum=1)
+        if "max_periods" in read and r.value(read["max_periods"], "read.max_periods") is not None:
+            kwargs["max_periods"] = r.integer(read["max_periods"], "read.max_periods", minimum=1)
         if "on_unavailable" in read:
             policy = r.value(read["on_unavailable"], "read.on_unavailable")
             if policy in ("raise", "partial"):

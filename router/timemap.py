@@ -130,6 +130,10 @@ class TimeMap:
     def __len__(self) -> int:
         return len(self._metas)
 
+    def start_of(self, name: str) -> datetime:
+        """When cluster *name*'s period starts; ``KeyError`` for a cluster not in the map."""
+        return self._metas[self._names.index(name)].start_date
+
     def layout_of(self, name: str) -> str:
         """The layout cluster *name*'s metadata records (``copies`` for a cluster not in the map)."""
         return self._layouts.get(name, "copies")

@@ -99,7 +99,7 @@ def read(
         on_unavailable=policy, deadline=deadline_in(view.settings.timeout),
         pull=check_senders(pull, field="pull", limit=view.settings.max_pull, per="read"),
         types=check_ids(types, field="types", noun="types", limit=MAX_TYPES, too_many="distinct types", empty=False),
-        deployments=view.settings.deployments,
+        deployments=view.settings.deployments, max_periods=view.settings.max_periods,
     )
     return read_program(plan)
 

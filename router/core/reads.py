@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import attrs
@@ -65,6 +65,8 @@ class ReadPlan:
     #: Each cluster's deployment, as an opaque key (clusters on one deployment share it); a cluster not named here
     #: is a deployment of its own.
     deployments: Mapping[str, Hashable] = attrs.field(factory=dict)
+    #: The most periods the main walk asks in one page (``read.max_periods``); None: every period it needs.
+    max_periods: int | None = None
 
 
 @attrs.frozen
@@ -212,6 +214,13 @@ def _first(fetched: _Fetched, need: int) -> _Fetched:
     return _Fetched(entries, Position(entries[-1].event_time, entries[-1].key), True)
 
 
+def _below(start: datetime) -> Position:
+    """The position just below a period that starts at *start*: every entry of it and of newer periods is behind it
+    (entries are stored to the millisecond; no id is twelve 0xff bytes), and the next page's walk begins with the
+    period before it."""
+    return Position(start - timedelta(milliseconds=1), ObjectId(b"\xff" * 12))
+
+
 def _next_wave(wave: int, *, asked: int, got: int, missing: int) -> int:
     """How many clusters the next wave asks at once: as many as the clusters asked so far suggest the missing
     entries need (*got* entries from *asked* clusters), at most twice the last wave and :data:`MAX_WAVE`."""
@@ -294,7 +303,9 @@ class _Walk:
         """The walk from *main* over *names*, newest first, in waves; returns the next main position and whether the
         walk is done.
 
-        The newest cluster is asked alone. While the page is not full the next clusters are asked in a wave, at
+        The newest cluster is asked alone. With ``max_periods``, a page that has asked that many and is still not
+        full ends there, its cursor just below the last of them (a short page, exact: the walk goes on from there).
+        While the page is not full the next clusters are asked in a wave, at
         once, each for all the entries still missing (:func:`_next_wave` says how many); their answers are then
         taken in period order, as one after another would have been, and those after the page filled are dropped.
         An answer with more than the page still needs is cut (or, with pulled senders, asked again for what it
@@ -302,10 +313,13 @@ class _Walk:
         """
         last: Position | None = None
         wave, asked, got, i = 1, 0, 0, 0
+        budget = len(names) if self.plan.max_periods is None else min(len(names), self.plan.max_periods)
         while i < len(names):
             if self.missing <= 0:
                 return last or main, False
-            batch = names[i:i + wave]
+            if i >= budget:  # every period asked so far is exhausted: go on below the last one next page
+                return _below(self.plan.timemap.start_of(names[i - 1])), False
+            batch = names[i:min(i + wave, budget)]
             i += len(batch)
             deadline = self.deadline(others=self.asking(names[i:]))
             need = self.missing

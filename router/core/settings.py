@@ -27,6 +27,8 @@ class Settings:
     edit: EditSettings
     timeout: float
     max_pull: int = 1000
+    #: The most periods one page asks (``read.max_periods``; None: every period in the window).
+    max_periods: int | None = None
     pull_threshold: int | None = None
     #: Each cluster's deployment, as a number shared by the clusters on it (see :attr:`ClusterConfig.deployment`).
     deployments: Mapping[str, int] = attrs.field(factory=dict)
@@ -40,6 +42,7 @@ class Settings:
             edit=EditSettings(timeout=timeout, policy=policy),
             timeout=timeout,
             max_pull=config.max_pull,
+            max_periods=config.max_periods,
             pull_threshold=config.pull_threshold,
             deployments=deployment_numbers(config),
         )

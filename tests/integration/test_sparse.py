@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
+import attrs
 import pytest
 
 from router import Activity, FeedItem, RouterConfig, data_key
@@ -90,3 +91,42 @@ def test_scattered_receivers_page_exactly(fleet: RouterConfig, open_router: Call
             expected.sort(key=lambda e: e[0], reverse=True)
             assert [t for t, _ in got] == [t for t, _ in expected], (limit, pull)
             assert sorted(map(repr, got)) == sorted(map(repr, expected)), (limit, pull)
+
+
+@pytest.mark.parametrize("pull", [False, True])
+def test_a_page_asks_at_most_max_periods_and_the_walk_stays_exact(
+    fleet: RouterConfig, open_router: Callable[..., Any], door: str, pull: bool
+) -> None:
+    """read.max_periods 16 over 200 periods: each page asks at most 16 periods; a page short after them ends with a
+    cursor below the last, and walking on gives the same items in the same order as a page without the budget
+    (items in the newest, a middle and the oldest period, one exactly at a period's start, pulled posts too)."""
+    receiver = {"sync": 400, "async": 500}[door] + pull
+    sender = receiver + 50
+    bounded = attrs.evolve(fleet, max_periods=16)
+    log = CommandLog()
+    router = open_router(bounded, clock=lambda: NOW, refresh=False, event_listeners=[log])
+    times = [NOW - timedelta(hours=1), FIRST + timedelta(weeks=120), FIRST + timedelta(weeks=120, seconds=1),
+             FIRST + timedelta(weeks=37, hours=5), FIRST + timedelta(hours=2)]
+    router.write_many([item(receiver, n, t) for n, t in enumerate(times)])
+    if pull:
+        router.publish(Activity(sender_id=sender, event_time=FIRST + timedelta(weeks=80), type=1, data={"post": 0},
+                                data_key=data_key("budget-post", receiver)), [], pull=True)
+    pulled = [sender] if pull else []
+    expected = [(i.event_time, i.data) for i in open_router(fleet, clock=lambda: NOW, refresh=False)
+                .read(receiver, limit=10, pull=pulled).items]
+    assert len(expected) == len(times) + pull  # the unbounded page: everything, in one call
+    got, cursor, pages = [], None, 0
+    while True:
+        log.clear()
+        log.on = True
+        page = router.read(receiver, limit=10, cursor=cursor, pull=pulled)
+        log.on = False
+        pages += 1
+        assert len({c.collection for c in log.commands if c.name == "find"}) <= 2  # feed, and outbox when pulling
+        assert len(log.commands) <= 16 * (1 + pull), f"page {pages}: {len(log.commands)} commands"
+        got += [(i.event_time, i.data) for i in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert got == expected
+    assert pages == -(-PERIODS // 16)  # a sparse walk: each page asked its 16 periods, the last the rest

@@ -271,6 +271,16 @@ def test_social_settings() -> None:
     assert messages[1].startswith("clusters.yaml:11:") and "read.max_pull" in messages[1]
 
 
+def test_read_max_periods() -> None:
+    """read.max_periods: absent or null is no budget; a positive int is the most periods one page asks."""
+    assert parse_config(GOOD, env={"PW": "x"}).max_periods is None
+    assert parse_config(GOOD + "read: {max_periods: null}\n", env={"PW": "x"}).max_periods is None
+    assert parse_config(GOOD + "read: {max_periods: 32}\n", env={"PW": "x"}).max_periods == 32
+    for bad in ("0", "-1", "lots"):
+        messages = problems(GOOD + f"read: {{max_periods: {bad}}}\n", env={"PW": "x"})
+        assert len(messages) == 1 and messages[0].startswith("clusters.yaml:10:") and "read.max_periods" in messages[0]
+
+
 def test_periods_on_one_deployment_each_in_a_database_of_their_own() -> None:
     """Clusters may share a URI when each names its own database; the default is the top-level one."""
     config = parse_config(
