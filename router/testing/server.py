@@ -181,7 +181,8 @@ class LocalServer:
         )
 
     def _wait_ready(self, *, timeout: float) -> None:
-        """Block until the server answers ``ping``; fail fast if the process exits.
+        """Block until the server answers ``ping`` (and, on ``ferretdb2``, a query, which only PostgreSQL behind it
+        can answer); fail fast if the process exits.
 
         Each ``ping`` blocks in pymongo's server selection for at most half a second, so
         a process that dies is noticed quickly, without sleeping between attempts.
@@ -207,6 +208,8 @@ class LocalServer:
                     )
                 try:
                     client.admin.command("ping")
+                    if self.backend == "ferretdb2":  # ping does not reach PostgreSQL; a query does, and warms its pool
+                        client.admin.command("listDatabases", nameOnly=True)
                 except pymongo.errors.PyMongoError as exc:
                     if time.monotonic() >= deadline:
                         raise HarnessError(
