@@ -38,7 +38,7 @@ from ..model import Activity
 __all__ = ["Inputs", "Row", "plan", "main"]
 
 #: Measured defaults, from docs/bench.json (run of 2026-11-23, FerretDB 1.24 on PostgreSQL,
-#: 2 shared cores) and the README's Celery scaling run (python -m router.testing.bench_celery).
+#: 2 shared cores) and the README's Celery scaling run (python -m harness.bench_celery).
 MEASURED = {
     "fanout_copies_per_s": 43_200.0,   # bench.json fanout_ratio, router median: in-process fan_out
     "worker_copies_per_s": 15_200.0,   # README "Measured scaling": one Celery worker, lowest of four runs

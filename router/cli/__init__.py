@@ -71,14 +71,6 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 # -- commands ---------------------------------------------------------------------------
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..testing.demo import run_demo
-
-    if args.posts < 1:
-        raise _UsageError(f"--posts: must be at least 1 (got {args.posts})")
-    return run_demo(sys.stdout, posts=args.posts, backend=args.backend)
-
-
 def _cmd_check(args: argparse.Namespace, config: RouterConfig) -> int:
     report, timemap = check_report(config)
     problems: list[str] = report["problems"]
@@ -342,8 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     root.addHandler(handler)
     root.setLevel(level)
     try:
-        if args.command == "demo":
-            return _cmd_demo(args)
         config = load_config(args.config)
         commands = {
             "check": _cmd_check,

@@ -47,24 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = sub.add_parser(
-        "demo",
-        help="start four local clusters and Redis, write, read, delete, fan out and roll over feeds (to buckets), stop them",
-        description="Start three local MongoDB-wire servers (mongod if on PATH, else FerretDB), a fourth on "
-        "mongo-java-server and a Redis broker, add three as consecutive periods, write fanned-out feed items "
-        "(some late), page a feed newest first across the boundaries, delete one item everywhere, publish a pulled "
-        "celebrity post and rebuild a dormant user's feed (asyncio door), fan one post out on a Celery worker, let "
-        "the rollover scheduler hand the next period to the fourth (standby) cluster in the buckets layout, read "
-        "one page that spans the per-copy and the buckets period, check every claim with plain pymongo (the "
-        "documents that page needed in each layout among them), and stop the servers. Needs redis-server, a JDK "
-        "and Maven (scripts/bootstrap installs them).",
-    )
-    demo.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
-    demo.add_argument("--backend", choices=["auto", "mongod", "ferretdb2", "ferretdb-pg", "ferretdb-sqlite", "ferretdb", "docker"], default=None,
-                      help="server for the clusters (default: $FEED_TEST_BACKEND, else auto: mongod if on PATH, else "
-                      "FerretDB 2 on DocumentDB); with FerretDB 1 (ferretdb-pg, ferretdb-sqlite) the fourth, which holds "
-                      "a buckets period, runs on mongo-java-server")
-
     sub.add_parser(
         "check",
         help="validate clusters.yaml, every cluster's reachability, metadata and migrations",

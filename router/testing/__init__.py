@@ -1,18 +1,11 @@
-"""Tools for testing code that uses feed-router against real servers: not part of the router itself.
+"""What the users of feed-router need for their own tests, without a server.
 
-* :mod:`router.testing.localservers`: start MongoDB-wire servers on loopback (mongod,
-  or FerretDB built from its Go module, over a local PostgreSQL or SQLite) for tests, the
-  demo and the benchmark; its parts: ``clusters`` (the backends), ``server`` (one
-  server's faults), ``ferretdb`` (build, command line), ``postgres`` (the private
-  PostgreSQL), ``process`` (ports, pids, stopping), ``errors`` (``HarnessError``).
-* :mod:`router.testing.javaserver`: mongo-java-server in memory, a second wire server that
-  applies one document's filter and update atomically (FerretDB v1 does not).
-* :mod:`router.testing.redis`: a local ``redis-server`` (the broker) with kill/restart.
-* :mod:`router.testing.proxy`: a loopback TCP proxy that cuts chosen commands, to test
-  behaviour under network blips.
-* :mod:`router.testing.commands`: ``CommandLog``, a pymongo command listener that counts
-  commands by name and server port, and the documents finds return.
-* :mod:`router.testing.demo` and :mod:`router.testing.bench`: the demo and the benchmark.
+* :mod:`router.testing.scripted`: :class:`~router.testing.scripted.ScriptedStore`, a model
+  store that answers the requests the router's I/O-free core yields, and
+  :func:`~router.testing.scripted.interleavings`, which runs several core programs against
+  it in every order their requests can take. It proves rules about the core's logic (an
+  edit racing a fan-out batch); it is not a stand-in for a server.
 
-Nothing in the router imports this package; only tests, the demo and the benchmark do.
+The local servers, the fault proxy, the demo and the benchmarks live in the repository's
+``harness/`` folder, outside the installed package; nothing installed imports them.
 """

@@ -1,7 +1,7 @@
 """Fixtures for tests against real MongoDB-wire servers.
 
 Three local servers (mongod if on PATH, else FerretDB; ``$FEED_TEST_BACKEND`` chooses, e.g.
-``javaserver``) are started once per test session by :mod:`router.testing.localservers`;
+``javaserver``) are started once per test session by :mod:`harness.localservers`;
 every test gets its own database name on them, dropped afterwards. Nothing here skips: no
 server means the tests error, and a test marked for what the servers lack fails.
 """
@@ -20,8 +20,8 @@ from router import AsyncFeedRouter, ClusterConfig, ClusterMeta, FeedRouter, Read
 from router.admin.migrate import discover, migrate_cluster
 from router.config import RolloverConfig
 from router.storage.clusters import Cluster
-from router.testing import javaserver
-from router.testing.localservers import LocalClusters
+from harness import javaserver
+from harness.localservers import LocalClusters
 
 from ..conftest import SERVED_BY
 from .doors import AsyncDoor, LoopThread

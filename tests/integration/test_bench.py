@@ -6,8 +6,8 @@ import io
 import json
 from pathlib import Path
 
-from router.testing.bench import run_bench
-from router.testing.localservers import LocalClusters
+from harness.bench import run_bench
+from harness.localservers import LocalClusters
 
 
 def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS
 from router.errors import PeriodChangeRefused
 from router.model import ClusterMeta
 from router.storage.clusters import Cluster, Clusters
-from router.testing.javaserver import LocalJavaServer
+from harness.javaserver import LocalJavaServer
 
 from .buckets_child import BASE, activity
 from .conftest import P0, P1, P2, register

@@ -26,10 +26,10 @@ from router.core.steps import Upserts
 from router.errors import BucketsFull, UnknownLayout, UpdateFailed
 from router.observe import Event, Metrics
 from router.storage.clusters import Clusters
-from router.testing import javaserver as javaservers
-from router.testing.bench.plans import plan_summary
-from router.testing.javaserver import LocalJavaServer
-from router.testing.localservers import LocalClusters
+from harness import javaserver as javaservers
+from harness.bench.plans import plan_summary
+from harness.javaserver import LocalJavaServer
+from harness.localservers import LocalClusters
 
 from .buckets_child import BASE
 from .conftest import P0, P1, P2

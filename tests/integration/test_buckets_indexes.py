@@ -23,7 +23,7 @@ from router.errors import DeleteFailed
 from router.model import ClusterMeta
 from router.storage.capabilities import Capabilities
 from router.storage.clusters import Cluster, Clusters
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2, register
 from .test_buckets_edges import item

@@ -19,7 +19,7 @@ from router.cli import main
 from router.errors import PeriodChangeRefused
 from router.model import ClusterMeta
 from router.storage.clusters import Cluster, Clusters
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 from .conftest import NAMES, P1, P2, register
 

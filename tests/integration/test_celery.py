@@ -34,10 +34,10 @@ from router.core.checkpoint import announce_batch, open_checkpoint
 from router.fanout.celery import ACTIVE_QUEUE, BATCH_TASK, INACTIVE_QUEUE, make_app, publish_fan_out, send_batch
 from router.fanout.celery_plan import check_json_data, inactive_job_id, plan_parts, sendable
 from router.observe.prometheus import PrometheusMetrics
-from router.testing.bench_celery import WorkerProcess, worker_yaml
-from router.testing.commands import CommandLog
-from router.testing.localservers import LocalClusters
-from router.testing.redis import LocalRedis
+from harness.bench_celery import WorkerProcess, worker_yaml
+from harness.commands import CommandLog
+from harness.localservers import LocalClusters
+from harness.redis import LocalRedis
 
 from .conftest import NOW, P1, register
 
@@ -401,7 +401,7 @@ def test_active_batches_are_taken_before_inactive_ones(
 
 def test_celery_benchmark_runs_small(servers: LocalClusters, broker_url: str, tmp_path: Path) -> None:
     """The benchmark measures in-process, one worker and two workers in one run (its figures are judged elsewhere)."""
-    from router.testing.bench_celery import run_celery_bench
+    from harness.bench_celery import run_celery_bench
 
     figures = run_celery_bench(receivers=5000, uris=servers.uris, broker=broker_url, work_dir=tmp_path)
     for label in ("in_process", "celery_1_worker", "celery_2_workers"):
@@ -411,7 +411,7 @@ def test_celery_benchmark_runs_small(servers: LocalClusters, broker_url: str, tm
 
 def test_publisher_memory_measure_runs_small(servers: LocalClusters, capsys: pytest.CaptureFixture[str]) -> None:
     """scripts/fanout_memory --celery publishes every receiver in fresh processes and reports its peak memory."""
-    from router.testing.fanout_memory import main as fanout_memory
+    from harness.fanout_memory import main as fanout_memory
 
     assert fanout_memory(["--celery", "--uri", servers.uris[0], "--sizes", "2000", "5000", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

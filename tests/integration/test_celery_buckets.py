@@ -16,9 +16,9 @@ from pymongo import MongoClient
 
 from router import Activity, FeedRouter, data_key
 from router.fanout.celery import make_app, publish_fan_out, send_batch
-from router.testing.bench_celery import WorkerProcess, worker_yaml
-from router.testing.javaserver import LocalJavaServer
-from router.testing.redis import LocalRedis
+from harness.bench_celery import WorkerProcess, worker_yaml
+from harness.javaserver import LocalJavaServer
+from harness.redis import LocalRedis
 
 from .conftest import NOW, P2
 from .layouts import buckets_config, copies_per_receiver

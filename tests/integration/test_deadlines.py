@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from router import Activity, FeedItem, FeedRouter, RouterConfig, RouterError, WriteFailed, data_key
 from router.observe.prometheus import PrometheusMetrics
-from router.testing.localservers import LocalClusters, LocalServer
+from harness.localservers import LocalClusters, LocalServer
 
 from .conftest import NAMES, NOW, P0, P1, P2, register
 from .test_faults import HANG, feed_items, in_thread, timed

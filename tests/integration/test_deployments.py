@@ -12,8 +12,8 @@ import pytest
 from pymongo import MongoClient
 
 from router import ClusterConfig, FeedItem, RouterConfig, data_key
-from router.testing.fleet import drop_fleet, fleet_config, register_fleet
-from router.testing.localservers import LocalClusters
+from harness.fleet import drop_fleet, fleet_config, register_fleet
+from harness.localservers import LocalClusters
 
 from .conftest import NAMES, NOW, PERIODS, register
 

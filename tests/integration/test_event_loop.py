@@ -15,7 +15,7 @@ import pytest
 from bson import ObjectId
 
 from router import Activity, AsyncFeedRouter, FeedItem, Position, RouterConfig, RouterError, WrongEventLoop, data_key
-from router.testing.commands import CommandLog
+from harness.commands import CommandLog
 
 from .conftest import NOW, P1, register
 from .doors import LoopThread

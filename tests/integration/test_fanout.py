@@ -36,7 +36,7 @@ from router import (
 )
 from router.core.fanout import FANOUTS_COLLECTION
 from router.ids import copy_id
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 from .conftest import NAMES, NOW, P0, P1, register
 from .fanout_child import ACTIVITY
@@ -413,7 +413,7 @@ def test_delete_removes_every_copy_of_a_fan_out(
 def test_memory_does_not_grow_with_receivers(servers: LocalClusters) -> None:
     """scripts/fanout_memory: peak RSS growth for 100k receivers is within 20 MB of that for 20k."""
     out = subprocess.run(
-        [sys.executable, "-m", "router.testing.fanout_memory", "--uri", servers.uris[0], "--sizes", "20000", "100000", "--json"],
+        [sys.executable, "-m", "harness.fanout_memory", "--uri", servers.uris[0], "--sizes", "20000", "100000", "--json"],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]

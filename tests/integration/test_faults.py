@@ -26,7 +26,7 @@ from router import (
     WriteFailed,
     data_key,
 )
-from router.testing.localservers import LocalClusters, LocalServer
+from harness.localservers import LocalClusters, LocalServer
 
 from .conftest import NOW, P0, P1, P2, register
 

@@ -24,7 +24,7 @@ from pymongo import MongoClient
 from router import Activity, DeleteFailed, FeedRouter, ItemDeleted, RouterConfig, data_key
 from router.fanout.celery import make_app, publish_fan_out, send_batch
 from router.model import to_millis as millis
-from router.testing.bench_celery import WorkerProcess
+from harness.bench_celery import WorkerProcess
 
 from .conftest import NAMES, NOW, P1, register
 from .test_celery import broker, broker_idle, broker_url, wait_for, workers  # noqa: F401 - fixtures

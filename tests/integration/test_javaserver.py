@@ -24,8 +24,8 @@ from pymongo import MongoClient
 
 from router import ClusterConfig, FeedItem, FeedRouter, RouterConfig, data_key
 from router.storage.clusters import Cluster
-from router.testing.javaserver import JAVASERVER_VERSION, LocalJavaServer, ensure_javaserver
-from router.testing.localservers import LocalClusters, main
+from harness.javaserver import JAVASERVER_VERSION, LocalJavaServer, ensure_javaserver
+from harness.localservers import LocalClusters, main
 
 from .append_child import COLLECTION
 from .conftest import P0, register

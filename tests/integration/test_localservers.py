@@ -1,4 +1,4 @@
-"""Tests for router.testing.localservers against real servers it starts (no skips: fail loudly)."""
+"""Tests for harness.localservers against real servers it starts (no skips: fail loudly)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pymongo
 import pymongo.errors
 import pytest
 
-from router.testing.localservers import FERRETDB2_VERSION, FERRETDB_VERSION, LocalClusters, ensure_ferretdb
-from router.testing.redis import LocalRedis
+from harness.localservers import FERRETDB2_VERSION, FERRETDB_VERSION, LocalClusters, ensure_ferretdb
+from harness.redis import LocalRedis
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -240,7 +240,7 @@ def test_pg_backend_checks_passwords(tmp_path: Path) -> None:
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "router.testing.localservers", *args],
+        [sys.executable, "-m", "harness.localservers", *args],
         capture_output=True, text=True, env=env, timeout=300, check=False,
     )  # fmt: skip
 

@@ -15,7 +15,7 @@ from router import RouterConfig
 from router.admin.migrate import MigrationContext, default_folder, discover, migrate_cluster
 from router.errors import MigrationError
 from router.storage.clusters import Capabilities, Cluster
-from router.testing.proxy import LegacyHelloProxy
+from harness.proxy import LegacyHelloProxy
 
 #: The migrations the package ships, in order (each one's own effects are checked below).
 SHIPPED = tuple(m.id for m in discover())

@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from router import Activity, FeedItem, FeedRouter, InvalidItem, Position, RouterConfig, copy_id, data_key
 from router.cli import main
 from router.observe.prometheus import PrometheusMetrics
-from router.testing.commands import CommandLog
-from router.testing.localservers import LocalClusters
+from harness.commands import CommandLog
+from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2, register
 

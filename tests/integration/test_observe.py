@@ -19,8 +19,8 @@ from router import Activity, FeedItem, FeedRouter, RouterConfig, StaleMetadata, 
 from router.admin.scrape import parse
 from router.config import RolloverConfig
 from router.observe.prometheus import PrometheusMetrics
-from router.testing.localservers import LocalClusters, LocalServer
-from router.testing.proxy import BlipProxy
+from harness.localservers import LocalClusters, LocalServer
+from harness.proxy import BlipProxy
 
 from .conftest import NOW, P0, P1, P2, register
 

@@ -15,7 +15,7 @@ from pymongo import MongoClient
 
 from router.admin.migrate import discover
 from router import FeedItem, FeedRouter, data_key
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2
 

@@ -13,7 +13,7 @@ from pymongo import MongoClient
 
 from router import ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, WriteFailed, data_key
 from router.observe.prometheus import PrometheusMetrics
-from router.testing.proxy import BlipProxy
+from harness.proxy import BlipProxy
 
 from .conftest import NOW, P1, register
 

@@ -22,7 +22,7 @@ from router.config import RolloverConfig
 from router.errors import ClusterRetired, PeriodChangeRefused, RolloverError, StaleMetadata
 from router.observe.prometheus import PrometheusMetrics
 from router.storage.clusters import Cluster, Clusters
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 UTC = timezone.utc
 P0 = datetime(2024, 3, 1, tzinfo=UTC)

@@ -365,7 +365,7 @@ def test_unreachable_cluster_at_start_up_is_named(make_config: Callable[..., Rou
 @pytest.mark.needs_durable_server  # the restarted server must come back as the same cluster
 def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConfig], raw_clients: Clients, db_name: str) -> None:
     """With one cluster gone mid-life, its items are reported failed by index; the rest are stored."""
-    from router.testing.localservers import LocalClusters
+    from harness.localservers import LocalClusters
 
     from .conftest import register
 

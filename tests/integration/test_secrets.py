@@ -16,7 +16,7 @@ from router import ClusterUnavailable, FeedItem, FeedRouter, RouterError, data_k
 from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
 from router.storage.clusters import Clusters
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 from .conftest import P0, P1
 

@@ -14,7 +14,7 @@ from pymongo import MongoClient, monitoring
 
 from router import FeedItem, FeedRouter, RouterConfig, RouterError, data_key
 from router.config import ClusterConfig
-from router.testing.localservers import LocalClusters, LocalServer
+from harness.localservers import LocalClusters, LocalServer
 
 from .conftest import NOW, UTC, register
 from .test_faults import in_thread, timed

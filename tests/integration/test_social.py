@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, copy_id, data_key, outbox_id
-from router.testing.commands import CommandLog
-from router.testing.localservers import LocalClusters
+from harness.commands import CommandLog
+from harness.localservers import LocalClusters
 
 from .conftest import NAMES, NOW, P0, P1, P2, PERIODS, register
 from .doors import AsyncDoor

@@ -13,9 +13,9 @@ import attrs
 import pytest
 
 from router import Activity, FeedItem, RouterConfig, data_key
-from router.testing.commands import CommandLog
-from router.testing.fleet import FIRST, drop_fleet, fleet_config, register_fleet
-from router.testing.localservers import LocalClusters
+from harness.commands import CommandLog
+from harness.fleet import FIRST, drop_fleet, fleet_config, register_fleet
+from harness.localservers import LocalClusters
 
 #: Periods in the fleet: weekly, a database each, spread over the session's three servers.
 PERIODS = 200

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from pymongo import MongoClient
 
 from router.admin.migrate import discover
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,9 +29,14 @@ def run(*cmd: str | Path, cwd: Path, env: dict[str, str]) -> subprocess.Complete
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("wheel")
+
+
+@pytest.fixture(scope="module")
+def installed(wheel_root: Path) -> Path:
     """A fresh venv with the wheel of this checkout installed; returns its bin folder."""
-    root = tmp_path_factory.mktemp("wheel")
+    root = wheel_root
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEEDROUTER_MIGRATIONS", "VIRTUAL_ENV")}
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", root / "dist", REPO, cwd=root, env=env)
     assert built.returncode == 0, built.stderr
@@ -69,3 +75,37 @@ def test_installed_wheel_migrates_adds_clusters_and_checks(
     assert sorted(d["_id"] for d in db.migrations.find({})) == [m.id for m in discover()]
     assert db.metadata.find_one({"_id": "only"})["creator_name"] == "wheel"
     assert {"receiver_time_id", "data_key_id"} <= set(db.feed.index_information())
+
+
+def test_the_wheel_holds_the_library_and_no_lab(installed: Path, wheel_root: Path) -> None:
+    """The wheel holds router/ only: no harness, benchmark, demo, server launcher or Maven POM; router.testing holds the
+    scripted store alone; every installed module imports without the checkout."""
+    (wheel,) = (wheel_root / "dist").glob("feed_router-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        code = "\n".join(archive.read(n).decode() for n in names if n.endswith(".py"))
+    packages = {n.split("/")[0] for n in names if not n.startswith("feed_router-")}
+    assert packages == {"router"}, packages
+    assert sorted(n for n in names if n.startswith("router/testing/")) == ["router/testing/__init__.py",
+                                                                           "router/testing/scripted.py"]
+    for lab in ("harness", "bench", "demo", "javaserver", "localservers", "ferretdb", "postgres", "redis"):
+        assert not any(lab in n for n in names), (lab, [n for n in names if lab in n])
+    for marker in ("<groupId>", "MemoryBackend", "go install", "initdb", "import harness", "from harness"):
+        assert marker not in code, marker
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEEDROUTER_MIGRATIONS", "VIRTUAL_ENV")}
+    modules = sorted(n[:-3].replace("/", ".").removesuffix(".__init__") for n in names
+                     if n.endswith(".py") and n.startswith("router/") and "/migrations/" not in n
+                     and not n.endswith("__main__.py"))
+    script = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except ImportError as e:  # an optional extra (celery, prometheus, otel) the base install lacks\n"
+        "        if e.name is None or e.name.split('.')[0] not in ('celery', 'kombu', 'prometheus_client', 'opentelemetry'):\n"
+        "            raise\n"
+        "print(any(m == 'harness' or m.startswith('harness.') for m in sys.modules))\n"
+    )
+    imported = run(installed / "python", "-c", script, cwd=wheel_root, env=env)
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip() == "False"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.testing.bench.plans import plan_summary
+from harness.bench.plans import plan_summary
 
 
 def test_a_postgresql_plan_from_ferretdb2() -> None:

@@ -1,6 +1,6 @@
 """The demo: four local clusters, three periods and a rollover to buckets, a few thousand feed items read back newest first.
 
-Run it with ``feedrouter demo`` (or ``scripts/demo``). It starts its own four local
+Run it with ``scripts/demo`` (``python -m harness.demo`` from a checkout). It starts its own four local
 servers (mongod if on PATH, else FerretDB 2 on DocumentDB, the default local server),
 adds the clusters one at a time the way an operator does (clusters.yaml grows,
 add-cluster gives each its period), writes fanned-out posts (including late events that
@@ -19,13 +19,16 @@ starts and stops (so it needs ``redis-server``: scripts/bootstrap installs it).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
 import random
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,17 +36,18 @@ from typing import Any, TextIO
 from bson import ObjectId
 from pymongo import MongoClient, monitoring
 
-from ..admin.migrate import Migration, discover, migrate_cluster
-from ..admin.periods import apply_period, plan_period
-from ..admin.rollover import RolloverScheduler, upcoming_boundary
-from ..aio import AsyncFeedRouter
-from ..config import load_config
-from ..errors import RouterError
-from ..fanout.celery import app_from_config, publish_fan_out
-from ..ids import copy_id, data_key
-from ..model import Activity, FeedItem, Page
-from ..storage.clusters import Clusters
-from ..sync import FeedRouter
+from router.admin.migrate import Migration, discover, migrate_cluster
+from router.admin.periods import apply_period, plan_period
+from router.admin.rollover import RolloverScheduler, upcoming_boundary
+from router.aio import AsyncFeedRouter
+from router.config import load_config
+from router.errors import RouterError
+from router.fanout.celery import app_from_config, publish_fan_out
+from router.ids import copy_id, data_key
+from router.model import Activity, FeedItem, Page
+from router.storage.clusters import Clusters
+from router.sync import FeedRouter
+
 from .bench_celery import WorkerProcess
 from .localservers import LocalClusters
 from .process import log_tail
@@ -54,7 +58,7 @@ __all__ = ["run_demo", "demo_periods"]
 UTC = timezone.utc
 RECEIVERS = ("alice", "bob", "carol", "dave", "erin")
 CONFIG_TEMPLATE = """\
-# written by `feedrouter demo` for its local servers
+# written by the demo (scripts/demo) for its local servers
 database: feed_demo
 read_window:
   clusters: 3
@@ -472,3 +476,31 @@ class _Reads(monitoring.CommandListener):
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.demo [--posts N] [--backend NAME]``: run the demo; exit 0 when every check held, else 1."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/demo",
+        description="Start four local MongoDB-wire servers (mongod if on PATH, else FerretDB 2 on DocumentDB) and a "
+        "Redis broker, add three as consecutive periods, write fanned-out feed items (some late), page a feed newest "
+        "first across the boundaries, delete one item everywhere, publish a pulled celebrity post and rebuild a "
+        "dormant user's feed (asyncio door), fan one post out on a Celery worker, let the rollover scheduler hand the "
+        "next period to the fourth (standby) cluster in the buckets layout, read one page that spans the per-copy "
+        "and the buckets period, check every claim with plain pymongo, and stop the servers.",
+    )
+    parser.add_argument("--posts", type=int, default=800, help="posts to fan out (default: %(default)s)")
+    parser.add_argument("--backend", choices=["auto", "mongod", "ferretdb2", "ferretdb-pg", "ferretdb-sqlite", "ferretdb",
+                                              "docker"], default=None,
+                        help="server for the clusters (default: $FEED_TEST_BACKEND, else auto: mongod if on PATH, else "
+                        "FerretDB 2 on DocumentDB); with FerretDB 1 (ferretdb-pg, ferretdb-sqlite) the fourth, which "
+                        "holds a buckets period, runs on mongo-java-server")
+    args = parser.parse_args(argv)
+    if args.posts < 1:
+        parser.error(f"--posts: must be at least 1 (got {args.posts})")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    return run_demo(sys.stdout, posts=args.posts, backend=args.backend)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

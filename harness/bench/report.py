@@ -17,7 +17,7 @@ import attrs
 import pymongo
 from pymongo import MongoClient
 
-from ... import __version__
+from router import __version__
 from ..localservers import LocalClusters
 from .common import NAMES, SIZES, UTC, Result
 from .doors import bench_doors
@@ -152,7 +152,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.testing.bench [--small] [--uris U1,U2,U3] [--out DIR] [--only NAME ...] [--strict]``."""
+    """``python -m harness.bench [--small] [--uris U1,U2,U3] [--out DIR] [--only NAME ...] [--strict]``."""
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny sizes: checks the benchmark runs (used by the tests)")
     parser.add_argument("--uris", help="reuse three running servers (comma-separated) instead of starting them")

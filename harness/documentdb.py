@@ -51,7 +51,7 @@ DOCUMENTDB_VERSION = "0.107-0"
 VENDOR_ENV = "FEEDROUTER_VENDOR"
 """Names the folder holding the pinned source archives the build needs (see ``scripts/build-ferretdb2``)."""
 
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-ferretdb2"
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build-ferretdb2"
 
 DOCUMENTDB_SETTINGS = {
     "shared_preload_libraries": "pg_cron,pg_documentdb_core,pg_documentdb",

@@ -4,7 +4,7 @@
     scripts/fanout_memory --sizes 20000 100000     # other sizes
     scripts/fanout_memory --uri mongodb://127.0.0.1:27101 --json
     scripts/fanout_memory --celery                 # publish_fan_out to a local Redis instead
-    python -m router.testing.fanout_memory ...     # the same
+    python -m harness.fanout_memory ...     # the same
 
 Each size runs in a new Python process: it imports the package, connects, registers one
 open-ended period in a database of its own, records its peak RSS (VmHWM in
@@ -50,7 +50,7 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, brok
     from router import Activity, ClusterConfig, ClusterMeta, FeedRouter, RouterConfig, data_key
     from router.admin.migrate import discover, migrate_cluster
     from router.storage.clusters import Cluster
-    from router.testing.javaserver import drop_database
+    from harness.javaserver import drop_database
 
     utc = timezone.utc
     database = f"fanout_memory_{uuid.uuid4().hex[:10]}"
@@ -112,7 +112,7 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, brok
 
 def run_child(uri: str, receivers: int, args: argparse.Namespace) -> dict[str, Any]:
     command = [
-        sys.executable, "-m", "router.testing.fanout_memory", "--child", str(receivers), "--uri", uri,
+        sys.executable, "-m", "harness.fanout_memory", "--child", str(receivers), "--uri", uri,
         "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency),
         *(["--broker", args.broker] if args.broker else []),
     ]

@@ -12,11 +12,11 @@ from typing import Any
 import attrs
 from pymongo import monitoring
 
-from ...admin.migrate import discover, migrate_cluster
-from ...config import ClusterConfig, RouterConfig
-from ...ids import data_key
-from ...model import ClusterMeta, FeedItem
-from ...storage.clusters import Cluster
+from router.admin.migrate import discover, migrate_cluster
+from router.config import ClusterConfig, RouterConfig
+from router.ids import data_key
+from router.model import ClusterMeta, FeedItem
+from router.storage.clusters import Cluster
 
 UTC = timezone.utc
 P0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -14,9 +14,9 @@ import mmh3
 from bson import ObjectId
 from pymongo import MongoClient
 
-from ...ids import data_key
-from ...model import ClusterMeta, FeedItem
-from ...sync import FeedRouter
+from router.ids import data_key
+from router.model import ClusterMeta, FeedItem
+from router.sync import FeedRouter
 from .common import NAMES, NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
 
 
@@ -65,9 +65,9 @@ def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
 
 def bench_cpu(n: int, reps: int) -> Result:
     """Routing + _id + data_key + document building, no I/O, vs bson.encode of the same documents."""
-    from ...core.routing import Routing
-    from ...core.writes import prepare
-    from ...timemap import TimeMap
+    from router.core.routing import Routing
+    from router.core.writes import prepare
+    from router.timemap import TimeMap
 
     metas = [ClusterMeta(name=NAMES[0], start_date=P0, end_date=P1), ClusterMeta(name=NAMES[1], start_date=P1, end_date=P2),
              ClusterMeta(name=NAMES[2], start_date=P2)]

@@ -25,13 +25,13 @@ import attrs
 from pymongo import MongoClient, monitoring
 from pymongo.errors import PyMongoError
 
-from ...admin.migrate import discover
-from ...admin.periods import apply_period, plan_period
-from ...config import ClusterConfig, RouterConfig
-from ...ids import data_key
-from ...model import Activity
-from ...sync import FeedRouter
-from ...storage.clusters import Clusters
+from router.admin.migrate import discover
+from router.admin.periods import apply_period, plan_period
+from router.config import ClusterConfig, RouterConfig
+from router.ids import data_key
+from router.model import Activity
+from router.sync import FeedRouter
+from router.storage.clusters import Clusters
 from .common import NAMES, NOW, P0, P1, P2, Result, make_items
 
 __all__ = ["bench_plans", "plan_summary"]

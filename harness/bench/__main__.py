@@ -1,4 +1,4 @@
-"""``python -m router.testing.bench``."""
+"""``python -m harness.bench``."""
 
 import sys
 

@@ -14,7 +14,7 @@ more), so the server is started by a tiny launcher class of ours that gives its
 ``MemoryBackend`` a ``MongoVersion`` reporting wire version 13 (MongoDB 5.0).
 :func:`ensure_javaserver` fetches the jars once with Maven (``mvn
 dependency:copy-dependencies`` of a generated pom) into the cache folder
-(:func:`~router.testing.ferretdb.cache_dir`) and compiles the launcher there with
+(:func:`~harness.ferretdb.cache_dir`) and compiles the launcher there with
 ``javac``, under a file lock; afterwards it only checks a stamp.
 
 What it lacks: everything is in memory (a restart starts empty); it answers ``isMaster``
@@ -31,7 +31,7 @@ Example::
         client = pymongo.MongoClient(server.uri)
         client.admin.command("ping")
 
-It is also a backend of :class:`~router.testing.clusters.LocalClusters`
+It is also a backend of :class:`~harness.clusters.LocalClusters`
 (``backend="javaserver"``, or ``scripts/clusters start --backend javaserver``).
 """
 
@@ -204,7 +204,7 @@ class LocalJavaServer:
     """One mongo-java-server (in memory) on a free 127.0.0.1 port, started by ``with`` or :meth:`start`.
 
     ``base_dir`` holds its log (a temporary folder, removed on :meth:`stop`, when None).
-    :attr:`server` is the :class:`~router.testing.server.LocalServer` for faults
+    :attr:`server` is the :class:`~harness.server.LocalServer` for faults
     (``kill``, ``pause``, ``restart``; a restarted server is empty).
 
     Example::

@@ -3,7 +3,7 @@
 Also the plumbing the Celery tests share: a worker's clusters.yaml (:func:`worker_yaml`) and
 a ``feedrouter worker`` subprocess (:class:`WorkerProcess`).
 
-Run ``python -m router.testing.bench_celery --receivers 100000``. It starts three local
+Run ``python -m harness.bench_celery --receivers 100000``. It starts three local
 servers and a local Redis (or uses ``--uris``/``--broker``), then fans one job of N
 receivers out three ways, each into a fresh database: ``FeedRouter.fan_out`` in this
 process, then :func:`~router.fanout.celery.publish_fan_out` with one and with two
@@ -11,7 +11,7 @@ process, then :func:`~router.fanout.celery.publish_fan_out` with one and with tw
 A Celery run is timed from the first publish call until ``fan_out_status`` says done.
 Every process (servers, Redis, workers, publisher) shares this machine's cores; each run
 also records how busy the machine was and the CPU seconds the servers, the broker, the
-workers and the publisher used (:mod:`router.testing.bench.cpu`), so a missed speed-up
+workers and the publisher used (:mod:`harness.bench.cpu`), so a missed speed-up
 says what it ran out of.
 
 Example::
@@ -41,11 +41,11 @@ from urllib.parse import urlsplit
 import yaml
 from pymongo import MongoClient
 
-from ..config import ClusterConfig, RouterConfig
-from ..fanout.celery import make_app, publish_fan_out
-from ..ids import data_key
-from ..model import Activity
-from ..sync import FeedRouter
+from router.config import ClusterConfig, RouterConfig
+from router.fanout.celery import make_app, publish_fan_out
+from router.ids import data_key
+from router.model import Activity
+from router.sync import FeedRouter
 from .bench.common import NAMES, NOW, UTC, register
 from .bench.cpu import Snapshot, listening_pids, server_pids
 from .errors import HarnessError
@@ -118,7 +118,7 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         """Start the worker (not waiting for it); returns self."""
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[1]  # the checkout: the worker imports harness too
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
         self.process = spawn_logged(self.command(), self.log_path, detached=True, env=env)
         return self
@@ -283,8 +283,8 @@ def run_celery_bench(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.testing.bench_celery``: print the figures as JSON on stdout; exit 0, or 1 on failure."""
-    parser = argparse.ArgumentParser(prog="python -m router.testing.bench_celery", description=__doc__.split("\n\n")[0])
+    """``python -m harness.bench_celery``: print the figures as JSON on stdout; exit 0, or 1 on failure."""
+    parser = argparse.ArgumentParser(prog="python -m harness.bench_celery", description=__doc__.split("\n\n")[0])
     parser.add_argument("--receivers", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--uris", nargs=3, default=None, help="three running servers (default: start local ones)")

@@ -1,12 +1,12 @@
 """A sparse receiver's page over 10, 100 and 1,000 periods against a dense receiver's: latency and commands.
 
 The periods are weekly, a database each, spread over the three servers
-(:mod:`router.testing.fleet`); every period's feed holds one item of a filler receiver,
+(:mod:`harness.fleet`); every period's feed holds one item of a filler receiver,
 so each find is a real query of a real collection. The dense receiver has 60 items in
 the newest period (its page of 50 is one find); the sparse one has one item there, so
 its page of 50 must ask every period in the window to be exact. Each size is a router
 over the newest *n* periods of one fleet, on the sync door; the two pages are timed in
-turn (:func:`~router.testing.bench.common.interleave`), and a command listener counts
+turn (:func:`~harness.bench.common.interleave`), and a command listener counts
 the sparse page's finds and how many of them went one after another (round trips).
 """
 
@@ -19,9 +19,9 @@ from datetime import timedelta
 
 import attrs
 
-from ...config import RouterConfig
-from ...ids import data_key
-from ...model import FeedItem
+from router.config import RouterConfig
+from router.ids import data_key
+from router.model import FeedItem
 from ..commands import CommandLog
 from ..fleet import FIRST, drop_fleet, fleet_config, register_fleet
 from .common import Result, interleave, timed
@@ -52,7 +52,7 @@ def _items(total: int) -> list[FeedItem]:
 
 def bench_sparse(uris: Sequence[str], sizes: Sequence[int] = SIZES, reps: int = 5) -> list[Result]:
     """Latency and commands of a sparse receiver's page against a dense one's, at each of *sizes* periods."""
-    from ... import FeedRouter
+    from router import FeedRouter
 
     total = max(sizes)
     fleet = fleet_config(uris, total, prefix=f"sparse_{uuid.uuid4().hex[:8]}")

@@ -11,10 +11,10 @@ from typing import Any
 
 from pymongo import MongoClient
 
-from ...errors import DeleteFailed
-from ...ids import data_key
-from ...model import Activity, FeedItem
-from ...sync import FeedRouter
+from router.errors import DeleteFailed
+from router.ids import data_key
+from router.model import Activity, FeedItem
+from router.sync import FeedRouter
 from .common import NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
 
 

@@ -1,6 +1,6 @@
 """The Celery scaling measure as a benchmark row: two workers against one, and what the machine ran out of.
 
-Runs :func:`router.testing.bench_celery.run_celery_bench` (a fan-out in-process, on one
+Runs :func:`harness.bench_celery.run_celery_bench` (a fan-out in-process, on one
 ``feedrouter worker`` and on two, a local Redis as the broker) *reps* times on the
 benchmark's servers. The target, two workers at least 1.6 times one, holds only where the
 servers are not the bottleneck; on a machine whose cores the servers share with the

@@ -13,10 +13,10 @@ from typing import Any
 import attrs
 from pymongo import MongoClient
 
-from ...aio import AsyncFeedRouter
-from ...ids import data_key
-from ...model import Activity
-from ...sync import FeedRouter
+from router.aio import AsyncFeedRouter
+from router.ids import data_key
+from router.model import Activity
+from router.sync import FeedRouter
 from ..commands import CommandLog
 from .common import NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
 

@@ -1,6 +1,6 @@
 """Benchmarks: what the router costs on top of the driver, as ratios measured in one run.
 
-Run ``scripts/bench`` (``python -m router.testing.bench``). It starts three local servers
+Run ``scripts/bench`` (``python -m harness.bench``). It starts three local servers
 (or reuses ``--uris``). Each measurement has a warm-up and several repetitions with
 the router run and the raw pymongo run alternating, so machine drift cancels out.
 It prints a markdown table of medians with min and max, writes every raw figure to

@@ -1,6 +1,6 @@
 """One local MongoDB-wire server process (mongod, FerretDB, mongo-java-server or a container) and its faults.
 
-:class:`LocalServer` is made by :class:`router.testing.clusters.LocalClusters`; tests use
+:class:`LocalServer` is made by :class:`harness.clusters.LocalClusters`; tests use
 its methods to simulate failures of one cluster: :meth:`~LocalServer.kill`,
 :meth:`~LocalServer.pause`/:meth:`~LocalServer.resume` and :meth:`~LocalServer.restart`.
 """

@@ -76,7 +76,7 @@ CONNECTIONS_PER_DATABASE = 100
 
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with the trailing NUL
 _HBA = """\
-# Written by router.testing.postgres on every start.
+# Written by harness.postgres on every start.
 # The superuser is trusted on loopback; every other role must give its password.
 local   all   {superuser}                   trust
 host    all   {superuser}   127.0.0.1/32    trust
@@ -175,7 +175,7 @@ class LocalPostgres:
 
         ``binaries`` default to :func:`find_postgres`; ``port`` to a free port. ``settings``,
         ``library_path`` and ``extensions`` serve servers with extensions (DocumentDB, see
-        :mod:`router.testing.documentdb`).
+        :mod:`harness.documentdb`).
         """
         binaries = binaries or find_postgres()
         if binaries is None:

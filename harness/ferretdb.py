@@ -3,7 +3,7 @@
 FerretDB speaks the MongoDB wire protocol over a SQL engine. The local servers run
 release v1.24.2 with one of two of its handlers: ``sqlite`` (one folder of SQLite files per
 cluster, nothing else to install) or ``postgresql`` (one database of a local PostgreSQL
-per cluster; see :mod:`router.testing.postgres`). The binary is built once from the module
+per cluster; see :mod:`harness.postgres`). The binary is built once from the module
 source into a cache folder, because ``go install`` of that release gives a binary that
 panics at start (FerretDB issue #2982: ``build/version/version.txt`` is not in the module).
 """

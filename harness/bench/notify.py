@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 from pymongo import MongoClient
 
-from ...sync import FeedRouter
+from router.sync import FeedRouter
 from .common import NOW, P2, Result, bench_config, interleave, make_items, register, timed
 
 #: The index a type-filtered page would use, were it added (migrations/0004 explains why it is not).

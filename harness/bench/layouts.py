@@ -6,13 +6,13 @@ fall in the newest period, so a page reads one cluster and the figures compare t
 layouts alone. Ratios are buckets / copies. ``scripts/bench`` runs it on FerretDB 2 on
 DocumentDB, which appends to a bucket atomically and reports index sizes; the figures
 are about that server (it sorts a receiver's documents rather than reading them in index
-order: see :mod:`router.testing.bench.feedsize`), not about MongoDB.
+order: see :mod:`harness.bench.feedsize`), not about MongoDB.
 
 Example::
 
     rows = bench_layouts(uri, items=100_000, fanout=20_000)
 
-or ``python -m router.testing.bench.layouts [--uri URI] [--small]`` (rows as JSON on stdout; without ``--uri``
+or ``python -m harness.bench.layouts [--uri URI] [--small]`` (rows as JSON on stdout; without ``--uri``
 it starts one local server of the default backend).
 """
 
@@ -37,15 +37,15 @@ import bson
 from pymongo import MongoClient, UpdateOne
 from pymongo.errors import OperationFailure
 
-from ...admin.migrate import discover
-from ...admin.periods import apply_period, plan_period
-from ...config import ClusterConfig, RouterConfig
-from ...core.layouts.buckets import Buckets
-from ...core.steps import Upserts
-from ...ids import copy_ids, data_key
-from ...model import Activity
-from ...storage.clusters import Clusters
-from ...sync import FeedRouter
+from router.admin.migrate import discover
+from router.admin.periods import apply_period, plan_period
+from router.config import ClusterConfig, RouterConfig
+from router.core.layouts.buckets import Buckets
+from router.core.steps import Upserts
+from router.ids import copy_ids, data_key
+from router.model import Activity
+from router.storage.clusters import Clusters
+from router.sync import FeedRouter
 from ..commands import CommandLog
 from ..localservers import LocalClusters
 from .common import NAMES, NOW, P0, P1, P2, Result, make_items, timed
@@ -281,8 +281,8 @@ def bench_layouts(uri: str | None = None, *, items: int = 100_000, receivers: in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.testing.bench.layouts [--uri URI] [--items N] [--fanout N] [--reps N] [--small]``."""
-    parser = argparse.ArgumentParser(prog="python -m router.testing.bench.layouts", description=__doc__.split("\n\n")[0])
+    """``python -m harness.bench.layouts [--uri URI] [--items N] [--fanout N] [--reps N] [--small]``."""
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.layouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--uri", help="a running server (default: start one of the default local backend)")
     parser.add_argument("--items", type=int, default=100_000, help="items per layout in the measured cluster")
     parser.add_argument("--receivers", type=int, default=50, help="receivers the items are spread over")

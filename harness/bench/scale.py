@@ -1,8 +1,8 @@
 """A router over 10, 100 and 1,000 periods on three servers: start-up time, threads, RSS, commands per call.
 
 The periods are weekly, a database each, spread over the three servers
-(:mod:`router.testing.fleet`). Each figure comes from a fresh child process
-(``python -m router.testing.bench.scale --child ...``) so one router's clients, threads
+(:mod:`harness.fleet`). Each figure comes from a fresh child process
+(``python -m harness.bench.scale --child ...``) so one router's clients, threads
 and memory never count in another's: it measures RSS and threads before the router, the
 start-up (wall and the process's CPU time), then threads and RSS after one write and one
 page read, then the commands one more write and one more page read send (a command
@@ -29,11 +29,11 @@ from typing import Any
 import pymongo
 from pymongo import AsyncMongoClient, MongoClient
 
-from ...config import RouterConfig
-from ...ids import data_key
-from ...model import FeedItem
-from ...storage.clients import COLD_OPTIONS, client_options
-from ...storage.clusters import Clusters
+from router.config import RouterConfig
+from router.ids import data_key
+from router.model import FeedItem
+from router.storage.clients import COLD_OPTIONS, client_options
+from router.storage.clusters import Clusters
 from ..commands import CommandLog
 from ..fleet import FIRST, drop_fleet, fleet_config, register_fleet
 from .common import Result
@@ -70,7 +70,7 @@ def _subset(config: RouterConfig, count: int) -> RouterConfig:
 
 def measure(config: RouterConfig, door: str, now: datetime) -> dict[str, Any]:
     """Start a router of *door* on *config* in this process and measure it (see the module docstring)."""
-    from ... import AsyncFeedRouter, FeedRouter
+    from router import AsyncFeedRouter, FeedRouter
 
     log = CommandLog()
     before = {"threads": threading.active_count(), "rss_mb": _rss_mb()}
@@ -162,7 +162,7 @@ def metadata_by_hand(config: RouterConfig, door: str) -> tuple[float, float]:
 
 
 def _child(uris: Sequence[str], prefix: str, total: int, count: int, door: str, *, by_hand: bool = False) -> dict[str, Any]:
-    args = [sys.executable, "-m", "router.testing.bench.scale", "--child", "--uris", ",".join(uris), "--prefix", prefix,
+    args = [sys.executable, "-m", "harness.bench.scale", "--child", "--uris", ",".join(uris), "--prefix", prefix,
             "--total", str(total), "--count", str(count), "--door", door, *(["--by-hand"] if by_hand else [])]
     done = subprocess.run(args, capture_output=True, text=True, check=True, timeout=600)
     return json.loads(done.stdout)  # type: ignore[no-any-return]
@@ -218,7 +218,7 @@ def bench_scale(uris: Sequence[str], sizes: Sequence[int] = SIZES) -> list[Resul
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The child: ``--child --uris U1,U2,U3 --prefix P --count N --door sync|async``; prints its figures as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m router.testing.bench.scale")
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.scale")
     parser.add_argument("--child", action="store_true", required=True)
     parser.add_argument("--uris", required=True)
     parser.add_argument("--prefix", required=True)

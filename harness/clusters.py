@@ -3,20 +3,20 @@
 Backends (``backend=`` or ``$FEED_TEST_BACKEND``):
 
 * ``mongod``: one mongod per cluster, each with its own data folder.
-* ``ferretdb2``: FerretDB v2.7.0 on DocumentDB (:mod:`router.testing.documentdb`), one
+* ``ferretdb2``: FerretDB v2.7.0 on DocumentDB (:mod:`harness.documentdb`), one
   PostgreSQL server with the DocumentDB extension and one FerretDB process per cluster. It
   applies one document's filter and update atomically, uses indexes for filters and enforces
   unique indexes; it has no transactions, no change streams and no index-ordered sorts. A
   fault (:meth:`LocalServer.kill`, ``pause``) hits the cluster's FerretDB; its PostgreSQL
   stays up until :meth:`LocalClusters.stop`.
 * ``ferretdb-pg``: FerretDB v1.24.2 with its ``postgresql`` handler, one process per
-  cluster, all backed by ONE local PostgreSQL (:mod:`router.testing.postgres`) holding
+  cluster, all backed by ONE local PostgreSQL (:mod:`harness.postgres`) holding
   one database per cluster. A fault (:meth:`LocalServer.kill`, ``pause``) hits one
   cluster's FerretDB; PostgreSQL stays up until :meth:`LocalClusters.stop`.
 * ``ferretdb-sqlite`` (alias ``ferretdb``): FerretDB v1.24.2 with its ``sqlite`` handler,
   one folder of SQLite files per cluster; needs nothing but the FerretDB binary.
 * ``javaserver``: mongo-java-server 1.47.0 in memory, one JVM per cluster
-  (:mod:`router.testing.javaserver`), only when asked for. It applies a document's filter
+  (:mod:`harness.javaserver`), only when asked for. It applies a document's filter
   and update atomically, as MongoDB does and FerretDB v1 does not; it keeps nothing across
   a restart, and its queries scan rather than use secondary indexes (unique indexes are
   enforced).

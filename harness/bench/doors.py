@@ -25,10 +25,10 @@ from typing import Any
 import attrs
 from pymongo import AsyncMongoClient, MongoClient
 
-from ...aio import AsyncFeedRouter
-from ...config import RouterConfig
-from ...storage.clients import client_options
-from ...sync import FeedRouter
+from router.aio import AsyncFeedRouter
+from router.config import RouterConfig
+from router.storage.clients import client_options
+from router.sync import FeedRouter
 from .common import NOW, P2, Result, bench_config, make_items, register
 
 __all__ = ["bench_doors"]

@@ -1,11 +1,11 @@
 """Local MongoDB-wire servers ("clusters") on loopback, for tests, the demo and benchmarks.
 
 This is the public face of the harness: :class:`LocalClusters` (several servers started and
-stopped together; the backends are described in :mod:`router.testing.clusters`),
+stopped together; the backends are described in :mod:`harness.clusters`),
 :class:`LocalServer` (one of them, with the faults tests inject), :func:`ensure_ferretdb`,
 :func:`ensure_ferretdb2`, :func:`ensure_javaserver` and the command line. Each cluster is one server process with its
 own free port: mongod, or FerretDB v2.7.0 on DocumentDB over a PostgreSQL of its own (the
-default without mongod; see :mod:`router.testing.documentdb`), or FerretDB v1.24.2 over one
+default without mongod; see :mod:`harness.documentdb`), or FerretDB v1.24.2 over one
 local PostgreSQL or over SQLite, or mongo-java-server in memory. The servers are built or
 fetched into a cache folder outside the checkout the first time they are needed
 (:func:`cache_dir`).
@@ -21,7 +21,7 @@ Example::
         client = pymongo.MongoClient(clusters.uris[0])
         client.admin.command("ping")
 
-From a shell: ``python -m router.testing.localservers run --count 3 -- pytest tests/integration``
+From a shell: ``python -m harness.localservers run --count 3 -- pytest tests/integration``
 runs the command with ``FEEDROUTER_URIS`` set to the comma-separated URIs.
 """
 
@@ -183,7 +183,7 @@ class _UsageError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m router.testing.localservers",
+        prog="python -m harness.localservers",
         description="Start and stop local MongoDB-wire servers for tests and the demo.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs, tracebacks")
@@ -251,14 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example::
 
-        $ python -m router.testing.localservers run --count 2 -- sh -c 'echo $FEEDROUTER_URIS'
+        $ python -m harness.localservers run --count 2 -- sh -c 'echo $FEEDROUTER_URIS'
         mongodb://127.0.0.1:40123,mongodb://127.0.0.1:40125
     """
     parser = _parser()
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    package_logger = logging.getLogger("router.testing")  # this module, ferretdb, postgres
+    package_logger = logging.getLogger("harness")  # this module, ferretdb, postgres
     previous_level = package_logger.level
     package_logger.addHandler(handler)
     package_logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's main so loggers are named router.testing.localservers, not __main__.
-    from router.testing.localservers import main as _main
+    # Run the imported module's main so loggers are named harness.localservers, not __main__.
+    from harness.localservers import main as _main
 
     sys.exit(_main())

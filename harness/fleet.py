@@ -23,8 +23,8 @@ from typing import Any
 import attrs
 from pymongo import MongoClient
 
-from ..config import ClusterConfig, RouterConfig
-from ..model import ClusterMeta
+from router.config import ClusterConfig, RouterConfig
+from router.model import ClusterMeta
 
 __all__ = ["fleet_config", "register_fleet", "drop_fleet"]
 

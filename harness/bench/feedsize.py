@@ -3,7 +3,7 @@
 On MongoDB the page index ``{receiver_id, event_time, _id}`` hands a page its 50 items in
 order, whatever the feed's size. FerretDB 2 on DocumentDB uses the index for the
 ``receiver_id`` match only and then sorts every item of the receiver (a Sort node over a
-bitmap scan; see :mod:`router.testing.bench.plans`), so a copies page costs more as the
+bitmap scan; see :mod:`harness.bench.plans`), so a copies page costs more as the
 feed grows; a buckets page sorts the receiver's buckets, fifty times fewer documents.
 This measures both, on the same server, for receivers holding 100 to 20,000 items.
 
@@ -23,13 +23,13 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from ...admin.migrate import discover
-from ...admin.periods import apply_period, plan_period
-from ...config import ClusterConfig, RouterConfig
-from ...ids import data_key
-from ...model import FeedItem
-from ...storage.clusters import Clusters
-from ...sync import FeedRouter
+from router.admin.migrate import discover
+from router.admin.periods import apply_period, plan_period
+from router.config import ClusterConfig, RouterConfig
+from router.ids import data_key
+from router.model import FeedItem
+from router.storage.clusters import Clusters
+from router.sync import FeedRouter
 from .common import NAMES, NOW, P0, P1, P2, Result, timed
 
 __all__ = ["bench_feed_size"]

@@ -12,8 +12,8 @@ from typing import Any
 
 from pymongo import MongoClient, monitoring
 
-from ...ids import data_key
-from ...sync import FeedRouter
+from router.ids import data_key
+from router.sync import FeedRouter
 from .common import NOW, P2, Result, bench_config, register, timed
 
 
@@ -41,8 +41,8 @@ class FenceTimer(monitoring.CommandListener):
 def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
     """fan_out of one activity to n receivers (a generator) vs raw insert_many of the same copies, same cluster;
     the note gives what the edit fence cost (its one find per batch)."""
-    from ...ids import copy_ids
-    from ...model import Activity
+    from router.ids import copy_ids
+    from router.model import Activity
 
     fence = FenceTimer()
     config = bench_config(uris, "bench_fanout", listener=fence)
@@ -104,7 +104,7 @@ def bench_fanout(uris: Sequence[str], n: int, reps: int) -> Result:
 def bench_fanout_memory(uri: str, sizes: tuple[int, int]) -> Result:
     """Peak RSS growth of a fan-out from a generator, small vs large receiver count, each in a fresh process."""
     out = subprocess.run(
-        [sys.executable, "-m", "router.testing.fanout_memory", "--uri", uri, "--sizes", *map(str, sizes), "--json"],
+        [sys.executable, "-m", "harness.fanout_memory", "--uri", uri, "--sizes", *map(str, sizes), "--json"],
         capture_output=True, text=True, check=False,
     )
     if out.returncode != 0:
