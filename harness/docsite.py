@@ -64,13 +64,13 @@ def _verdict(row: Mapping[str, Any]) -> str:
 
 
 def _table(rows: Sequence[Mapping[str, Any]], header: Sequence[str], later: Sequence[str] = ()) -> str:
-    """One Markdown table of *rows* (columns: measure, router, raw, unit, ratio, target, result), then their notes."""
+    """One Markdown table of *rows* (columns: measure (unit), router, raw, ratio, target, result), then their notes."""
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:
         values = _cases if _per_case(row) else _spread
         mark = " (later run)" if row["name"] in later else ""
         ratios = "-" if not any(row["ratios"]) else _spread(row["ratios"])  # all 0: the row has no ratio
-        cells = [f"{row['what']}{mark}", values(row["router"]), values(row["raw"]), row["unit"],
+        cells = [f"{row['what']}{mark} ({row['unit']})", values(row["router"]), values(row["raw"]),
                  ratios, row["target"], _verdict(row)]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     notes = [f"- `{row['name']}`: {row['note']}" for row in rows if row["note"]]
@@ -97,10 +97,10 @@ def bench_tables(bench: Mapping[str, Any]) -> dict[str, str]:
     layouts = [r for r in results if str(r["name"]).startswith("layout_")]
     ratio = "ratio router/raw, median [min-max]"
     out = {
-        "main": _table(main, ["measure", "router", "raw pymongo", "unit", ratio, "target", "result"], later.get("rows", ())),
-        "scale": _table(scale, ["measure", "router at 10 / 100 / 1,000 periods", "by hand on pymongo", "unit",
+        "main": _table(main, ["measure (unit)", "router", "raw pymongo", ratio, "target", "result"], later.get("rows", ())),
+        "scale": _table(scale, ["measure (unit)", "router at 10 / 100 / 1,000 periods", "by hand on pymongo",
                                 "ratio at 1,000", "target", "result"]),
-        "layouts": _table(layouts, ["measure", "buckets", "copies", "unit", "buckets / copies, median [min-max]",
+        "layouts": _table(layouts, ["measure (unit)", "buckets", "copies", "buckets / copies, median [min-max]",
                                     "target", "result"]),
         "environment": _environment(env),
     }
