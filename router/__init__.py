@@ -18,6 +18,7 @@ import logging
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
+from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
@@ -77,6 +78,9 @@ __all__ = [
     "FanOutResult",
     "FeedItem",
     "FeedRouter",
+    "Group",
+    "GroupBy",
+    "GroupPage",
     "InvalidBatch",
     "InvalidCursor",
     "InvalidItem",
@@ -100,6 +104,7 @@ __all__ = [
     "StaleMetadata",
     "TimeMap",
     "Unseen",
+    "UnseenGroups",
     "UpdateFailed",
     "WriteFailed",
     "WrongEventLoop",

@@ -29,6 +29,7 @@ from .core import calls
 from .core.checkpoint import JobStatus
 from .core.fanout import FanOutJob
 from .core.routing import Routing
+from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult
@@ -307,6 +308,28 @@ class AsyncFeedRouter:
     async def unseen_count(self, receiver_id: int | str, *, cap: int = 99, pull: Sequence[int | str] | None = None) -> Unseen:
         """How many items are newer than the seen marker, up to *cap* (see ``FeedRouter.unseen_count``)."""
         return await self._run("unseen_count", lambda v: calls.unseen_count(v, receiver_id, cap=cap, pull=pull))
+
+    # -- aggregated notifications ------------------------------------------------------
+
+    async def read_groups(
+        self, receiver_id: int | str, *, key: GroupBy | str | None = None, limit: int = 20, newest: int = 3,
+        cursor: str | None = None, pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
+    ) -> GroupPage:
+        """A page of notifications as groups, newest first (see ``FeedRouter.read_groups``)."""
+        return await self._run("read_groups", lambda v: calls.read_groups(
+            v, receiver_id, key=key, limit=limit, newest=newest, cursor=cursor, pull=pull, types=types))
+
+    async def mark_read(self, receiver_id: int | str, groups: Iterable[Group | str] | Literal["all"]) -> int:
+        """Mark groups read (see ``FeedRouter.mark_read``)."""
+        return await self._run("mark_read", lambda v: calls.mark_read(v, receiver_id, groups))
+
+    async def unseen_groups(
+        self, receiver_id: int | str, *, cap: int = 99, key: GroupBy | str | None = None,
+        pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
+    ) -> UnseenGroups:
+        """How many groups have an item newer than the seen marker, up to *cap* (see ``FeedRouter.unseen_groups``)."""
+        return await self._run("unseen_groups", lambda v: calls.unseen_groups(
+            v, receiver_id, cap=cap, key=key, pull=pull, types=types))
 
     # -- edits -------------------------------------------------------------------------
 

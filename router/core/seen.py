@@ -49,6 +49,8 @@ __all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "mark
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
 SEEN_SORT = (("event_time", -1), ("key", -1))
+#: Seen markers, not the read marks of groups that share their collection (:mod:`router.core.group_reads`).
+_MARKERS = {"group": {"$exists": False}}
 #: The largest ``cap`` an unseen count takes.
 MAX_CAP = 10_000
 
@@ -120,7 +122,8 @@ def mark_program(receiver_id: int | str, position: Position, cluster: str, *, de
         raise outcome.failure.error
     if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
         raise RuntimeError(f"cluster {cluster!r}: the seen marker was refused: {outcome.write_errors[0].message}")
-    cleaned = yield Delete(cluster, "seen", {"receiver_id": receiver_id, **older_than(position, "key")}, deadline)
+    mine = {"receiver_id": receiver_id, "group": {"$exists": False}, **older_than(position, "key")}
+    cleaned = yield Delete(cluster, "seen", mine, deadline)
     if isinstance(cleaned, Failure):  # the marker is stored; the lower ones left are harmless, and go next time
         log.warning("seen markers below the new one stay for now: %s", cleaned.error, extra={"cluster": cluster})
     return position
@@ -132,7 +135,7 @@ def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: fl
     Asks one cluster at a time, newest first, and stops at the first that has a marker.
     """
     for i, name in enumerate(names):
-        docs = yield Find(name, "seen", {"receiver_id": receiver_id}, deadline, sort=SEEN_SORT, limit=1,
+        docs = yield Find(name, "seen", {"receiver_id": receiver_id, **_MARKERS}, deadline, sort=SEEN_SORT, limit=1,
                           projection={"_id": 0, "event_time": 1, "key": 1})
         if isinstance(docs, Failure):
             raise docs.error

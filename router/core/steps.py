@@ -31,6 +31,7 @@ from ..errors import ClusterUnavailable
 from ..observe import Event
 
 __all__ = [
+    "Aggregate",
     "Collection",
     "Concurrently",
     "Count",
@@ -110,6 +111,17 @@ class Count:
     filter: Mapping[str, Any]
     deadline: float
     limit: int = 0
+
+
+@attrs.frozen(slots=True)
+class Aggregate:
+    """``aggregate`` on one cluster (a counting or grouping pipeline: what it returns is small, whatever it reads on
+    the server); answered with the list of result documents, or a :class:`Failure`."""
+
+    cluster: str
+    collection: Collection
+    pipeline: Sequence[Mapping[str, Any]]
+    deadline: float
 
 
 @attrs.frozen(slots=True)
@@ -220,7 +232,7 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = Find | Count | Aggregate | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 

@@ -1,0 +1,381 @@
+"""Grouped reads as programs: a page of groups, the unseen-groups badge, and marking groups read.
+
+**A page** (:func:`groups_program`): the seen marker (one ``find`` per cluster, newest first,
+until one has it); on the walk's first page, the newest item (a one-item page of
+:func:`~router.core.reads.read_program`) is the ceiling and names the first window. For each
+window the page takes, every cluster whose period meets the window (and has started) is asked
+once to *rank* the window's groups (one ``aggregate``: the groups' newest items, limited to
+the groups served so far in that window plus the ones still missing plus one), and once for
+the *details* of the groups taken (one ``aggregate`` with a ``$facet`` per group: counts and
+newest actors). With pulled senders, each such cluster also returns the pulled senders'
+entries in that window (an outbox ``find`` and an ``aggregate`` of their copies): those are
+a few authors' posts, counted here, each post once as a page serves it once. A window used up
+before the page is full costs a one-item page to find the next window. Last, one ``find`` per
+cluster from the newest down to the oldest group's newest item reads the read marks.
+
+**Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
+group, event_time, key}`` in ``seen``, in the cluster owning the marked position; ``group`` is
+the group's key, or ``"*"`` for every group. A group is read when a mark of its key or ``"*"``
+is at or above its newest item. A mark then deletes the same receiver's marks below it for
+that key (``"*"``: for every key) in its cluster. Two devices marking at once each insert
+their own; a cleanup removes only marks below its own, so the highest survives, on servers
+that lose concurrent updates of one document too (FerretDB v1).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import attrs
+from bson import ObjectId
+
+from ..cursor import CursorState, Position
+from ..model import FeedItem
+from ..timemap import ReadWindow, TimeMap
+from .groups import (
+    Group,
+    GroupBy,
+    GroupCursor,
+    GroupPage,
+    UnseenGroups,
+    at_or_below,
+    detail_facets,
+    encode_group_cursor,
+    group_key,
+    key_hash,
+    newest_actors,
+    position_key,
+    rank_stages,
+    unseen_stages,
+)
+from .layouts import layout_for, outbox
+from .layouts.copies import item_of, newer_than, older_than
+from .reads import ReadPlan, read_program
+from .seen import marker_program
+from .steps import Aggregate, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program
+
+__all__ = ["ALL", "GroupPlan", "Mark", "groups_program", "mark_read_program", "unseen_groups_program"]
+
+log = logging.getLogger(__name__)
+#: The ``group`` of a mark that marks every group read.
+ALL = "*"
+_TOP = ObjectId(b"\xff" * 12)
+
+
+@attrs.frozen
+class GroupPlan:
+    """A grouped read's inputs besides the storage: the request and the map at the time of the call."""
+
+    receiver_id: int | str
+    by: GroupBy
+    limit: int
+    newest: int
+    cursor: GroupCursor | None
+    timemap: TimeMap
+    now: datetime
+    window: ReadWindow | None
+    deadline: float
+    pull: tuple[int | str, ...] = ()
+    types: tuple[int | str, ...] = ()
+    deployments: Mapping[str, Hashable] = attrs.field(factory=dict)
+
+    def names(self) -> list[str]:
+        """The read window's clusters, newest first."""
+        return self.timemap.clusters_for_read(now=self.now, window=self.window)
+
+    def meeting(self, start: datetime, end: datetime, ceiling: datetime | None = None) -> list[str]:
+        """The read window's clusters whose periods meet ``[start, end)`` (and start by *ceiling*), newest first."""
+        ends = {m.name: m.end_date for m in self.timemap.periods}
+        top = end - timedelta(milliseconds=1) if ceiling is None else min(end - timedelta(milliseconds=1), ceiling)
+        names = self.timemap.clusters_for_read(now=self.now, window=self.window, before=top)
+        return [n for n in names if ends.get(n) is None or ends[n] > start]  # type: ignore[operator]
+
+
+def _answer(answer: Any) -> Any:
+    if isinstance(answer, Failure):
+        raise answer.error
+    if isinstance(answer, InsertOutcome):
+        if answer.failure is not None:
+            raise answer.failure.error
+    return answer
+
+
+def _locate(plan: GroupPlan, below: datetime | None) -> Program[FeedItem | None]:
+    """The newest item of the receiver's feed (below *below*, when given): a one-item page with the same pull and types."""
+    state = CursorState() if below is None else CursorState(position=Position(below - timedelta(milliseconds=1), _TOP))
+    page = yield from read_program(ReadPlan(
+        receiver_id=plan.receiver_id, limit=1, state=state, timemap=plan.timemap, now=plan.now, window=plan.window,
+        on_unavailable="raise", deadline=plan.deadline, pull=plan.pull, types=plan.types, deployments=plan.deployments))
+    return page.items[0] if page.items else None
+
+
+def _match(plan: GroupPlan, ceiling: Position | None) -> dict[str, Any]:
+    """The filter of the copies a group counts: of the types asked, at or below *ceiling*, not from a pulled sender
+    (those are counted with the pulled entries, each post once)."""
+    match: dict[str, Any] = {}
+    if plan.types:
+        match["type"] = {"$in": list(plan.types)}
+    if plan.pull:
+        match["sender_id"] = {"$nin": list(plan.pull)}
+    if ceiling is not None:
+        match.update(at_or_below(ceiling))
+    return match
+
+
+def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime,
+            ceiling: Position) -> Program[dict[tuple[Any, ...], list[FeedItem]]]:
+    """The pulled senders' items in ``[start, end)`` at or below *ceiling*, each post once, by group values."""
+    programs: list[Program[Any]] = []
+    lanes: list[str] = []
+    for name in clusters:
+        layout = layout_for(plan.timemap, name)
+        copies: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}, **at_or_below(ceiling)}
+        if plan.types:
+            copies["type"] = {"$in": list(plan.types)}
+        posts: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)},
+                                 "event_time": {"$gte": start, "$lt": end, "$lte": ceiling.event_time}}
+        if plan.types:
+            posts["type"] = {"$in": list(plan.types)}
+        programs += [_one(Aggregate(name, "feed", layout.copy_stream(plan.receiver_id, start, end, copies), plan.deadline)),
+                     _one(Find(name, "outbox", posts, plan.deadline))]
+        lanes += [name, name]
+    answers = yield Concurrently(programs, lanes)
+    found: dict[tuple[datetime, bytes], FeedItem] = {}
+    bound = position_key(ceiling)
+    for i, answer in enumerate(answers):
+        for doc in _answer(answer):
+            if i % 2 == 0:
+                item = item_of(doc, plan.receiver_id)
+                found[(item.event_time, doc["_id"].binary)] = item  # the receiver's own copy wins
+                continue
+            entry = outbox.pulled_item(doc, plan.receiver_id)
+            if entry is not None and (entry[0], entry[1].binary) <= bound:
+                found.setdefault((entry[0], entry[1].binary), entry[2])
+    by_group: dict[tuple[Any, ...], list[FeedItem]] = {}
+    for item in found.values():
+        by_group.setdefault(plan.by.values_of(item), []).append(item)
+    return by_group
+
+
+def _one(request: Find | Aggregate) -> Program[Any]:
+    answer = yield request
+    return answer
+
+
+@attrs.frozen
+class _Ranked:
+    values: tuple[Any, ...]
+    key: str
+    last: Position
+
+
+def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position, limit: int,
+          pulled: Mapping[tuple[Any, ...], list[FeedItem]], window: int) -> Program[list[_Ranked]]:
+    """The window's groups newest first by their newest item at or below *ceiling*: at least the *limit* newest."""
+    match = _match(plan, ceiling)
+    programs = [_one(Aggregate(c, "feed", layout_for(plan.timemap, c).copy_stream(plan.receiver_id, start, end, match)
+                               + rank_stages(plan.by, limit), plan.deadline)) for c in clusters]
+    answers = yield Concurrently(programs, list(clusters))
+    last: dict[tuple[Any, ...], tuple[datetime, bytes]] = {}
+    for answer in answers:
+        for row in _answer(answer):
+            values = plan.by.values_of_row(row["_id"])
+            mine = (row["last"]["t"], row["last"]["i"].binary)
+            last[values] = max(last.get(values, mine), mine)
+    for values, items in pulled.items():
+        mine = max((i.event_time, i.id.binary) for i in items)  # type: ignore[union-attr]
+        last[values] = max(last.get(values, mine), mine)
+    ranked = [_Ranked(v, group_key(plan.by, v, window), Position(t, ObjectId(b))) for v, (t, b) in last.items()]
+    ranked.sort(key=lambda r: position_key(r.last), reverse=True)
+    return ranked
+
+
+def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
+             taken: Sequence[_Ranked], pulled: Mapping[tuple[Any, ...], list[FeedItem]]) -> Program[list[dict[str, Any]]]:
+    """Counts, first time and newest actors of each group *taken*, each item counted once."""
+    spans = len(clusters) > 1  # a group may then hold items in several periods: count its actors as one set
+    stages = [detail_facets(plan.by, [t.values for t in taken], plan.newest, actors=spans)]
+    match = _match(plan, ceiling)
+    programs = [_one(Aggregate(c, "feed", layout_for(plan.timemap, c).copy_stream(plan.receiver_id, start, end, match)
+                               + stages, plan.deadline)) for c in clusters]
+    answers = [_answer(a) for a in (yield Concurrently(programs, list(clusters)))]
+    out = []
+    for i, t in enumerate(taken):
+        count, actors, first = 0, 0, None
+        actor_set: set[tuple[type, Any]] = set()
+        items: list[FeedItem] = []
+        for answer in answers:
+            facets = answer[0] if answer else {}
+            for row in facets.get(f"c{i}", ()):
+                count += row["n"]
+                actors += row["a"]
+                first = row["f"] if first is None else min(first, row["f"])
+            items += [item_of(row["item"], plan.receiver_id) for row in facets.get(f"t{i}", ())]
+            actor_set.update((type(row["_id"]), row["_id"]) for row in facets.get(f"a{i}", ()))
+        if spans:
+            actors = len(actor_set)
+        mine = pulled.get(t.values, [])
+        if mine:  # pulled senders are not among the copies counted above: their actors are others
+            count += len(mine)
+            actors += len({(type(i.sender_id), i.sender_id) for i in mine})
+            oldest = min(i.event_time for i in mine)
+            first = oldest if first is None else min(first, oldest)
+        out.append({"count": count, "actors": actors, "first": first or t.last.event_time,
+                    "items": newest_actors(items + mine, plan.newest)})
+    return out
+
+
+def _read_marks(plan: GroupPlan, keys: Sequence[str], oldest: datetime) -> Program[dict[str, tuple[datetime, bytes]]]:
+    """The highest read mark of each of *keys* (and of ``"*"``) at or above *oldest*."""
+    names = [n for n in plan.names() if _ends_after(plan.timemap, n, oldest)]
+    match = {"receiver_id": plan.receiver_id, "group": {"$in": [*keys, ALL]}, "event_time": {"$gte": oldest}}
+    programs = [_one(Find(n, "seen", match, plan.deadline, projection={"_id": 0, "group": 1, "event_time": 1, "key": 1}))
+                for n in names]
+    answers = yield Concurrently(programs, names)
+    marks: dict[str, tuple[datetime, bytes]] = {}
+    for answer in answers:
+        for doc in _answer(answer):
+            mine = (doc["event_time"], doc["key"].binary)
+            marks[doc["group"]] = max(marks.get(doc["group"], mine), mine)
+    return marks
+
+
+def _ends_after(timemap: TimeMap, name: str, t: datetime) -> bool:
+    end = next((m.end_date for m in timemap.periods if m.name == name), None)
+    return end is None or end > t
+
+
+def groups_program(plan: GroupPlan) -> Program[GroupPage]:
+    """One page of groups newest first (see the module docstring for what it asks)."""
+    marker, _at = yield from marker_program(plan.receiver_id, plan.names(), deadline=plan.deadline)
+    cursor = plan.cursor
+    if cursor is None:
+        top = yield from _locate(plan, None)
+        if top is None:
+            return GroupPage((), None)
+        assert top.id is not None
+        cursor = GroupCursor(plan.by.fingerprint(plan.types), Position(top.event_time, top.id),
+                             plan.by.window_of(top.event_time))
+    ceiling, window, served = cursor.ceiling, cursor.window, set(cursor.served)
+    chosen: list[tuple[_Ranked, dict[str, Any], datetime]] = []
+    queried: list[str] = []
+    next_cursor: GroupCursor | None = None
+    while True:
+        need = plan.limit - len(chosen)
+        start, end = plan.by.window_bounds(window)
+        clusters = plan.meeting(start, end, ceiling.event_time)
+        queried += [c for c in clusters if c not in queried]
+        pulled = (yield from _pulled(plan, clusters, start, end, ceiling)) if plan.pull else {}
+        ranked = yield from _rank(plan, clusters, start, end, ceiling, len(served) + need + 1, pulled, window)
+        fresh = [r for r in ranked if key_hash(r.key) not in served]
+        taken = fresh[:need]
+        if taken:
+            details = yield from _details(plan, clusters, start, end, ceiling, taken, pulled)
+            chosen += [(t, d, start) for t, d in zip(taken, details)]
+            served.update(key_hash(t.key) for t in taken)
+        if len(fresh) > len(taken):  # the window holds more: the next page goes on in it
+            next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, frozenset(served))
+            break
+        below = yield from _locate(plan, start)
+        if below is None:
+            break
+        window, served = plan.by.window_of(below.event_time), set()
+        if len(chosen) == plan.limit:
+            next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, frozenset())
+            break
+    marks: dict[str, tuple[datetime, bytes]] = {}
+    if chosen:
+        marks = yield from _read_marks(plan, [t.key for t, _, _ in chosen], min(t.last.event_time for t, _, _ in chosen))
+    everything = marks.get(ALL)
+    groups = []
+    for t, d, start in chosen:
+        newest = position_key(t.last)
+        best = max([m for m in (marks.get(t.key), everything) if m is not None], default=None)
+        read = best is not None and best >= newest
+        seen = marker is not None and newest <= position_key(marker)
+        groups.append(Group(key=t.key, values=t.values, window_start=start, count=d["count"], actor_count=d["actors"],
+                            items=d["items"], first_time=d["first"], last_time=t.last.event_time, newest=t.last,
+                            seen=seen, read=read))
+    return GroupPage(tuple(groups), encode_group_cursor(next_cursor) if next_cursor else None, tuple(queried))
+
+
+@attrs.frozen
+class Mark:
+    """One read mark to record: a group's key (or ``"*"``) read through *through*."""
+
+    group: str
+    through: Position
+
+
+def mark_read_program(receiver_id: int | str, marks: Sequence[Mark], place: Mapping[str, str], *,
+                      deadline: float) -> Program[int]:
+    """Insert *marks* (each in the cluster *place* names for its group), then delete the marks they make redundant."""
+    by_cluster: dict[str, list[Mark]] = {}
+    for m in marks:
+        by_cluster.setdefault(place[m.group], []).append(m)
+    names = list(by_cluster)
+    docs = {n: [{"_id": ObjectId(), "receiver_id": receiver_id, "group": m.group, "event_time": m.through.event_time,
+                 "key": m.through.id} for m in ms] for n, ms in by_cluster.items()}
+    outcomes = yield Concurrently([_insert(n, docs[n], deadline) for n in names], names)
+    for outcome in outcomes:
+        _answer(outcome)
+        if outcome.write_errors:
+            raise RuntimeError(f"a read mark was refused: {outcome.write_errors[0].message}")
+    cleanups = yield Concurrently([_cleanup(n, receiver_id, by_cluster[n], deadline) for n in names], names)
+    for name, cleaned in zip(names, cleanups):
+        if isinstance(cleaned, Failure):  # the marks are stored; lower ones left are harmless, and go next time
+            log.warning("read marks below the new ones stay for now: %s", cleaned.error, extra={"cluster": name})
+    return len(marks)
+
+
+def _insert(cluster: str, docs: list[dict[str, Any]], deadline: float) -> Program[Any]:
+    answer = yield Insert(cluster, "seen", docs, deadline)
+    return answer
+
+
+def _cleanup(cluster: str, receiver_id: int | str, marks: Sequence[Mark], deadline: float) -> Program[Any]:
+    branches: list[dict[str, Any]] = []
+    for m in marks:
+        group: Any = {"$exists": True} if m.group == ALL else m.group
+        branches += [{"group": group, **clause} for clause in older_than(m.through, "key")["$or"]]
+    answer = yield Delete(cluster, "seen", {"receiver_id": receiver_id, "$or": branches}, deadline)
+    return answer
+
+
+def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
+    """How many groups hold an item newer than the seen marker, up to *cap*: per cluster from the newest down to the
+    marker's, one ``aggregate`` of the groups of the copies newer than it (with pulled senders, one of their outbox
+    entries too, and a ``find`` of those in the marker's millisecond), stopping once past *cap*."""
+    names = plan.names()
+    marker, at = yield from marker_program(plan.receiver_id, names, deadline=plan.deadline)
+    found: set[tuple[Any, ...]] = set()
+    queried: list[str] = []
+    for i, name in enumerate(names[: at + 1]):
+        bound = marker if i == at else None
+        start = plan.timemap.start_of(name)
+        match: dict[str, Any] = {"type": {"$in": list(plan.types)}} if plan.types else {}
+        stream = layout_for(plan.timemap, name).copy_stream(plan.receiver_id, start, None, {**match, **newer_than(bound)})
+        programs = [_one(Aggregate(name, "feed", stream + unseen_stages(plan.by, cap + 1), plan.deadline))]
+        if plan.pull:
+            posts: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}, **match}
+            if bound is not None:
+                posts["event_time"] = {"$gt": bound.event_time}
+            programs.append(_one(Aggregate(name, "outbox", [{"$match": posts}] + unseen_stages(plan.by, cap + 1),
+                                           plan.deadline)))
+            if bound is not None:
+                programs.append(_one(outbox.find(name, plan.pull, plan.deadline, types=plan.types, at=bound.event_time)))
+        answers = yield Concurrently(programs, [name] * len(programs))
+        queried.append(name)
+        for answer in answers[:2]:
+            found.update((*plan.by.values_of_row(row["_id"]), int(row["_id"]["w"])) for row in _answer(answer))
+        if len(answers) == 3 and bound is not None:
+            for doc in _answer(answers[2]):
+                entry = outbox.pulled_item(doc, plan.receiver_id)
+                if entry is not None and (entry[0], entry[1].binary) > position_key(bound):
+                    found.add((*plan.by.values_of(entry[2]), plan.by.window_of(entry[0])))
+        if len(found) > cap:
+            break
+    return UnseenGroups(min(len(found), cap), len(found) > cap, marker, tuple(queried))

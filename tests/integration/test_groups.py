@@ -1,0 +1,273 @@
+"""Aggregated notifications against real servers, on both doors and both layouts.
+
+Groups are checked against a model (the plain pages' items, grouped in Python) after every
+step of a seeded random history of likes, follows and mentions, pushed and pulled, marks
+seen and read, over three periods; walks with writes between pages serve every group once;
+the requests of a page of 20 groups are counted per server; two processes mark at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router import Activity, FeedItem, FeedRouter, GroupBy, InvalidCursor, InvalidItem, Position, RouterConfig, data_key
+from router.core.groups import key_hash
+from harness.commands import CommandLog
+from harness.localservers import LocalClusters
+
+from .conftest import NOW, P0, P1, P2, register
+from .layouts import buckets_config, page_all
+
+REPO = Path(__file__).resolve().parents[2]
+_ids = itertools.count(3_000_000)
+TOP = (NOW, b"\xff" * 12)
+
+
+def fresh() -> int:
+    return next(_ids)
+
+
+def like(r: int, when: datetime, actor: int, target: int | None, n: int, kind: str = "like") -> FeedItem:
+    return FeedItem(receiver_id=r, sender_id=actor, event_time=when, type=kind,
+                    data={} if target is None else {"target": target}, data_key=data_key("n", f"{r}-{n}"))
+
+
+def key_of(item: FeedItem) -> tuple[datetime, bytes]:
+    assert item.id is not None
+    return item.event_time, item.id.binary
+
+
+def expected(router: Any, r: int, by: GroupBy, *, pull: Sequence[int] = (), newest: int = 3,
+             marker: tuple[datetime, bytes] | None = None, marks: dict[str, tuple[datetime, bytes]] | None = None,
+             ) -> list[tuple[Any, ...]]:
+    """The model: the plain pages' items (each once, as pages serve them), grouped in Python, newest group first."""
+    from router.core.groups import group_key
+    groups: dict[tuple[Any, ...], list[FeedItem]] = {}
+    for item in page_all(router, r, 100, pull=list(pull) or None):
+        groups.setdefault((by.values_of(item), by.window_of(item.event_time)), []).append(item)
+    out = []
+    marks = marks or {}
+    for (values, window), items in groups.items():
+        items.sort(key=key_of, reverse=True)
+        newest_by_actor: dict[Any, FeedItem] = {}
+        for i in items:
+            newest_by_actor.setdefault(i.sender_id, i)
+        top = sorted(newest_by_actor.values(), key=key_of, reverse=True)[:newest]
+        k = group_key(by, values, window)
+        best = max([m for m in (marks.get(k), marks.get("*")) if m is not None], default=None)
+        out.append((values, len(items), len(newest_by_actor), items[-1].event_time, items[0].event_time,
+                    [key_of(i) for i in top], marker is not None and key_of(items[0]) <= marker,
+                    best is not None and best >= key_of(items[0])))
+    out.sort(key=lambda g: (g[4], g[5][0][1]), reverse=True)
+    return out
+
+
+def walk(router: Any, r: int, by: GroupBy, limit: int, **kw: Any) -> list[Any]:
+    groups, cursor = [], None
+    while True:
+        page = router.read_groups(r, key=by, limit=limit, cursor=cursor, **kw)
+        groups += page.groups
+        cursor = page.next_cursor
+        if cursor is None:
+            return groups
+
+
+def shown(groups: Sequence[Any]) -> list[tuple[Any, ...]]:
+    return [(g.values, g.count, g.actor_count, g.first_time, g.last_time, [key_of(i) for i in g.items], g.seen, g.read)
+            for g in groups]
+
+
+@pytest.fixture(params=["copies", "buckets"])
+def layout_router(request: pytest.FixtureRequest, servers: LocalClusters, make_router: Callable[..., Any],
+                  open_router: Callable[..., Any]) -> Any:
+    """A router over the three periods: all copies, or copies then two buckets periods (one server, a database each)."""
+    if request.param == "copies":
+        return make_router()
+    return open_router(buckets_config(servers.uris[0]), clock=lambda: NOW)
+
+
+def test_groups_match_a_model(layout_router: Any) -> None:
+    """A seeded random history of likes, follows and mentions (pushed copies, pulled posts, posts both copied and
+    pulled), seen marks and read marks over three periods: after every step a walk of groups (a 7-day key, so groups
+    span period boundaries) equals the model, counts, actors, times, newest items, seen and read, and the badge too."""
+    router, rng = layout_router, random.Random(31)
+    r, celeb = fresh(), fresh()
+    fans = [fresh() for _ in range(6)]
+    by = GroupBy(fields=("type", "data.target"), span=timedelta(days=7))
+    marker: tuple[datetime, bytes] | None = None
+    marks: dict[str, tuple[datetime, bytes]] = {}
+    days = [P1 - timedelta(days=2), P1 + timedelta(days=1), P2 - timedelta(days=1), P2 + timedelta(days=3),
+            P0 + timedelta(days=10)]
+    last: list[Any] = []
+    for n in range(40):
+        step = rng.choice(["likes", "likes", "follow", "mention", "pulled", "both", "seen", "read", "read_all"])
+        when = rng.choice(days) + timedelta(minutes=rng.randrange(600), milliseconds=rng.randrange(3))
+        if step in ("likes", "follow", "mention"):
+            target = None if step == "follow" else rng.randrange(3)
+            kind = {"likes": "like"}.get(step, step)
+            router.write_many([like(r, when + timedelta(seconds=i), rng.choice(fans), target, n * 10 + i, kind)
+                               for i in range(rng.randrange(1, 4))])
+        elif step in ("pulled", "both"):
+            post = Activity(sender_id=celeb, event_time=when, type="post", data={"target": rng.randrange(2)},
+                            data_key=data_key("post", f"{celeb}-{n}"))
+            router.publish(post, [r] if step == "both" else [], pull=step == "pulled")
+        elif step == "seen" and last:
+            item = rng.choice(last).items[0]
+            router.mark_seen(r, item)
+            marker = max(marker or key_of(item), key_of(item))
+        elif step == "read" and last:
+            chosen = rng.sample(last, min(2, len(last)))
+            by_key = rng.random() < 0.5
+            router.mark_read(r, [g.key for g in chosen] if by_key else chosen)
+            for g in chosen:
+                through = TOP if by_key else (g.newest.event_time, g.newest.id.binary)
+                marks[g.key] = max(marks.get(g.key, through), through)
+        elif step == "read_all" and rng.random() < 0.5:
+            router.mark_read(r, "all")
+            marks["*"] = TOP
+        last = walk(router, r, by, rng.randrange(1, 5), pull=[celeb])
+        assert shown(last) == expected(router, r, by, pull=[celeb], marker=marker, marks=marks), (n, step)
+        unseen = sum(1 for g in last if not g.seen)
+        cap = rng.randrange(1, 6)
+        badge = router.unseen_groups(r, key=by, cap=cap, pull=[celeb])
+        assert (badge.count, badge.capped) == (min(unseen, cap), unseen > cap), (n, step)
+
+
+def test_paging_with_writes_between_pages(router: FeedRouter) -> None:
+    """A walk of groups 2 at a time while items arrive: a group already served that gets a new item is not served
+    again; one not yet served is served once (also when a late item lifts it above the cursor); a group born after the
+    walk began waits for the next walk, which shows the changed groups on top with their new counts."""
+    r = fresh()
+    day = P2 + timedelta(days=5)
+    for target in range(6):  # six groups on one day, target 5 the newest
+        router.write_many([like(r, day + timedelta(hours=target, minutes=m), 100 + m, target, target * 10 + m)
+                           for m in range(3)])
+    router.write_many([like(r, day - timedelta(hours=12 + h), 200 + h, None, 90 + h, "follow") for h in range(2)])
+    before = {g.key: g for g in walk(router, r, GroupBy(), 50)}
+    assert len(before) == 7
+    page = router.read_groups(r, limit=2)
+    served = [g.key for g in page.groups]
+    assert [g.values for g in page.groups] == [("like", 5), ("like", 4)]
+    router.write(like(r, day + timedelta(hours=12), 300, 5, 500))           # served group, newer item
+    router.write(like(r, day + timedelta(hours=13), 301, 0, 501))           # not yet served, newer item
+    router.write(like(r, day + timedelta(hours=4, minutes=30), 302, 1, 502))  # late item lifts target 1 above target 3
+    router.write(like(r, day + timedelta(hours=14), 303, 7, 503))           # a new group
+    cursor = page.next_cursor
+    while cursor is not None:
+        page = router.read_groups(r, limit=2, cursor=cursor)
+        served += [g.key for g in page.groups]
+        cursor = page.next_cursor
+    assert sorted(served) == sorted(before) and len(served) == len(set(served))
+    again = router.read_groups(r, limit=3).groups
+    assert [g.values for g in again] == [("like", 7), ("like", 0), ("like", 5)]
+    assert (again[1].count, again[2].count) == (4, 4)
+
+
+def test_invalid_arguments_name_what_was_wrong(router: FeedRouter) -> None:
+    """Bad keys, limits, cursors and marks raise InvalidItem or InvalidCursor naming the argument."""
+    r = fresh()
+    router.write(like(r, P2 + timedelta(days=1), 1, 1, 1))
+    with pytest.raises(InvalidItem, match=r"key\.fields\[0\]"):
+        router.read_groups(r, key=GroupBy(fields=("$where",)))
+    with pytest.raises(InvalidItem, match="key.span"):
+        router.read_groups(r, key=GroupBy(span=timedelta(days=30)))
+    with pytest.raises(InvalidItem, match="limit"):
+        router.read_groups(r, limit=0)
+    with pytest.raises(InvalidCursor, match="another key"):
+        router.read_groups(r, key="type/1h", cursor=router.read_groups(r, limit=1).next_cursor or
+                           _cursor_of(router, r))
+    with pytest.raises(InvalidItem, match=r"groups\[0\]"):
+        router.mark_read(r, ["not a key"])
+    with pytest.raises(InvalidItem, match="groups"):
+        router.mark_read(r, "some")
+
+
+def _cursor_of(router: Any, r: int) -> str:
+    router.write(like(r, P2 + timedelta(days=2), 1, 2, 2))
+    cursor = router.read_groups(r, limit=1).next_cursor
+    assert cursor is not None
+    return cursor
+
+
+def test_a_page_of_20_groups_costs_a_bounded_number_of_requests(servers: LocalClusters, make_config: Callable[..., Any]) -> None:
+    """A page of 20 groups, one of them of 3,000 likes, in the newest cluster: per cluster at most 6 commands (seen
+    marker, newest item, rank, details, the next window's first item, read marks), and the client receives a few
+    documents per group, not the big group's items."""
+    config = make_config()
+    register(config)
+    log = CommandLog()
+    r = fresh()
+    day = P2 + timedelta(days=20)
+    with FeedRouter(config, clock=lambda: NOW, event_listeners=[log]) as router:
+        router.write_many([like(r, day + timedelta(seconds=i), 10_000 + i, 0, i) for i in range(3000)])
+        router.write_many([like(r, day + timedelta(hours=2, minutes=t), 7, t + 1, 5000 + t) for t in range(25)])
+        log.on = True
+        page = router.read_groups(r, limit=20)
+        log.on = False
+        assert len(page.groups) == 20 and page.next_cursor is not None
+        big = router.read_groups(r, limit=20, cursor=page.next_cursor).groups[-1]
+    assert (big.values, big.count, big.actor_count, len(big.items)) == (("like", 0), 3000, 3000, 3)
+    per_server: dict[int, int] = {}
+    for c in log.commands:
+        per_server[c.port] = per_server.get(c.port, 0) + 1
+    ports = {int(s.uri.rsplit(":", 1)[1].split("/")[0]): s.name for s in servers.servers}
+    named = {ports[p]: n for p, n in per_server.items()}
+    assert named.get("cluster_3", 0) <= 6 and named.get("cluster_2", 0) <= 2 and named.get("cluster_1", 0) <= 2, named
+    assert log.documents <= 3, log.documents  # finds: the marker and the newest item (aggregates return group rows)
+
+
+def test_groups_across_a_boundary_count_each_item_and_actor_once(router: FeedRouter) -> None:
+    """A 7-day group with items on both sides of a period boundary, an actor on both sides: its counts are exact."""
+    r = fresh()
+    by = GroupBy(span=timedelta(days=7))
+    items = [like(r, P2 - timedelta(hours=h + 1), 1 + h % 3, 4, h) for h in range(5)]
+    items += [like(r, P2 + timedelta(hours=h), 1 + h % 4, 4, 10 + h) for h in range(5)]
+    router.write_many(items)
+    (group,) = router.read_groups(r, key=by).groups
+    assert (group.count, group.actor_count) == (10, 4)
+    assert group.first_time == min(i.event_time for i in items) and group.last_time == max(i.event_time for i in items)
+
+
+def test_mark_read_from_two_processes_keeps_every_mark(router: FeedRouter, make_config: Callable[..., RouterConfig],
+                                                      tmp_path: Path) -> None:
+    """Two processes mark 30 groups of one receiver read at once, by value and by key, in shuffled orders: every
+    group ends read (no mark lost), and none that was not marked is read."""
+    r = fresh()
+    day = P2 + timedelta(days=9)
+    router.write_many([like(r, day + timedelta(minutes=t), 5, t, t) for t in range(32)])
+    groups = walk(router, r, GroupBy(), 40)
+    assert len(groups) == 32
+    marked, spared = groups[:30], groups[30:]
+    path = tmp_path / "clusters.yaml"
+    spec = make_config()
+    path.write_text(yaml.safe_dump({"database": spec.database, "clusters": [
+        {"name": c.name, "uri": c.uri} for c in spec.clusters]}))
+    children = []
+    for number in range(2):
+        mine = marked[number::2] + marked[1 - number::2]
+        payload = [{"key": g.key, "t": g.newest.event_time.isoformat(), "id": str(g.newest.id), "value": i % 2 == 0}
+                   for i, g in enumerate(mine)]
+        children.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.groups_child", str(path), str(r), NOW.isoformat()],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)}))
+        assert children[-1].stdin is not None
+        children[-1].stdin.write(json.dumps(payload))
+        children[-1].stdin.close()
+    for c in children:
+        assert c.wait(timeout=120) == 0, c.stderr.read() if c.stderr else ""
+    after = {g.key: g.read for g in walk(router, r, GroupBy(), 40)}
+    assert all(after[g.key] for g in marked) and not any(after[g.key] for g in spared)
+    assert len({key_hash(k) for k in after}) == 32
