@@ -33,6 +33,7 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position
+from ..errors import GroupsUnsupported
 from ..model import FeedItem
 from ..timemap import ReadWindow, TimeMap
 from .groups import (
@@ -96,6 +97,8 @@ class GroupPlan:
 
 def _answer(answer: Any) -> Any:
     if isinstance(answer, Failure):
+        if answer.kind == "unsupported":
+            raise GroupsUnsupported(answer.error.cluster, str(answer.error).split(": ", 1)[-1]) from answer.error
         raise answer.error
     if isinstance(answer, InsertOutcome):
         if answer.failure is not None:

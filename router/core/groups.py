@@ -133,8 +133,9 @@ class GroupBy:
         return tuple(out)
 
     def group_id(self) -> dict[str, Any]:
-        """The ``_id`` expression of ``$group`` (object form: a missing field becomes ``None`` on every server)."""
-        return {f"k{i}": {"$ifNull": [f"${f}", None]} for i, f in enumerate(self.fields)}
+        """The ``_id`` expression of ``$group``, in object form (some servers leave a missing field out of it where
+        others give ``None``: :meth:`values_of_row` reads both as ``None``, and rows are merged by those values)."""
+        return {f"k{i}": f"${f}" for i, f in enumerate(self.fields)}
 
     def window_id(self) -> dict[str, Any]:
         """The expression of an item's window number (``$floor`` of its epoch milliseconds over the span)."""

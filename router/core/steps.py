@@ -57,7 +57,7 @@ T = TypeVar("T")
 #: A collection, by role; the storage layer maps each to the configured name.
 Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "fanout_sent", "metadata", "seen", "edits"]
 #: How a failed request failed, which decides what may be done next (see :mod:`router.core.policy`).
-FailureKind: TypeAlias = Literal["transient", "timeout", "unavailable", "refused", "too_large"]
+FailureKind: TypeAlias = Literal["transient", "timeout", "unavailable", "refused", "too_large", "unsupported"]
 
 
 @attrs.frozen(slots=True)
@@ -72,6 +72,8 @@ class Failure:
     * ``refused``: the server answered with an error (authentication, a bad command).
     * ``too_large``: the server refused a statement as too large for it (FerretDB's limits on
       statement parameters: 32,766 on SQLite, 65,535 on PostgreSQL); a smaller one may pass.
+    * ``unsupported``: the server does not implement an operator or stage the request uses (FerretDB v1's
+      aggregation); no retry can help.
     """
 
     kind: FailureKind
