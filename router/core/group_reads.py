@@ -42,14 +42,16 @@ from .groups import (
     GroupCursor,
     GroupPage,
     UnseenGroups,
+    actor_stages,
     at_or_below,
-    detail_facets,
+    detail_stages,
     encode_group_cursor,
     group_key,
     key_hash,
     newest_actors,
     position_key,
     rank_stages,
+    selected,
     unseen_stages,
 )
 from .layouts import layout_for, outbox
@@ -198,37 +200,47 @@ def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: dateti
 
 def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
              taken: Sequence[_Ranked], pulled: Mapping[tuple[Any, ...], list[FeedItem]]) -> Program[list[dict[str, Any]]]:
-    """Counts, first time and newest actors of each group *taken*, each item counted once."""
+    """Counts, first time and newest actors of each group *taken*, each item counted once: one aggregate per cluster
+    (two on a server without ``$topN``), and one more listing the actors where the window meets several periods."""
     spans = len(clusters) > 1  # a group may then hold items in several periods: count its actors as one set
-    stages = [detail_facets(plan.by, [t.values for t in taken], plan.newest, actors=spans)]
-    match = _match(plan, ceiling)
-    programs = [_one(Aggregate(c, "feed", layout_for(plan.timemap, c).copy_stream(plan.receiver_id, start, end, match)
-                               + stages, plan.deadline)) for c in clusters]
-    answers = [_answer(a) for a in (yield Concurrently(programs, list(clusters)))]
+    match = {**_match(plan, None), "$and": [at_or_below(ceiling), selected(plan.by, [t.values for t in taken])]}
+    streams = {c: layout_for(plan.timemap, c).copy_stream(plan.receiver_id, start, end, match) for c in clusters}
+    programs = [_counted(c, streams[c], plan) for c in clusters]
+    if spans:
+        programs += [_one(Aggregate(c, "feed", streams[c] + actor_stages(plan.by), plan.deadline)) for c in clusters]
+    answers = yield Concurrently(programs, list(clusters) * (2 if spans else 1))
+    rows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for answer in answers[:len(clusters)]:
+        for row in answer:
+            rows.setdefault(plan.by.values_of_row(row["_id"]), []).append(row)
+    actor_sets: dict[tuple[Any, ...], set[tuple[type, Any]]] = {}
+    for answer in answers[len(clusters):]:
+        for row in _answer(answer):
+            actor_sets.setdefault(plan.by.values_of_row(row["_id"]["k"]), set()).add((type(row["_id"]["s"]), row["_id"]["s"]))
     out = []
-    for i, t in enumerate(taken):
-        count, actors, first = 0, 0, None
-        actor_set: set[tuple[type, Any]] = set()
-        items: list[FeedItem] = []
-        for answer in answers:
-            facets = answer[0] if answer else {}
-            for row in facets.get(f"c{i}", ()):
-                count += row["n"]
-                actors += row["a"]
-                first = row["f"] if first is None else min(first, row["f"])
-            items += [item_of(row["item"], plan.receiver_id) for row in facets.get(f"t{i}", ())]
-            actor_set.update((type(row["_id"]), row["_id"]) for row in facets.get(f"a{i}", ()))
-        if spans:
-            actors = len(actor_set)
-        mine = pulled.get(t.values, [])
-        if mine:  # pulled senders are not among the copies counted above: their actors are others
-            count += len(mine)
-            actors += len({(type(i.sender_id), i.sender_id) for i in mine})
-            oldest = min(i.event_time for i in mine)
-            first = oldest if first is None else min(first, oldest)
-        out.append({"count": count, "actors": actors, "first": first or t.last.event_time,
-                    "items": newest_actors(items + mine, plan.newest)})
+    for t in taken:
+        mine = rows.get(t.values, [])
+        count = sum(r["n"] for r in mine)
+        actors = len(actor_sets.get(t.values, ())) if spans else sum(r["a"] for r in mine)
+        firsts = [r["f"] for r in mine]
+        items = [item_of(x["d"], plan.receiver_id) for r in mine for x in r["top"]]
+        pulled_items = pulled.get(t.values, [])
+        if pulled_items:  # pulled senders are not among the copies counted above: their actors are others
+            count += len(pulled_items)
+            actors += len({(type(i.sender_id), i.sender_id) for i in pulled_items})
+            firsts.append(min(i.event_time for i in pulled_items))
+        out.append({"count": count, "actors": actors, "first": min(firsts, default=t.last.event_time),
+                    "items": newest_actors(items + pulled_items, plan.newest)})
     return out
+
+
+def _counted(cluster: str, stream: list[dict[str, Any]], plan: GroupPlan) -> Program[list[dict[str, Any]]]:
+    """The detail rows of one cluster: with ``$topN``, or (on a server that does not know it) with ``$push``."""
+    answer = yield Aggregate(cluster, "feed", stream + detail_stages(plan.by, plan.newest, top_n=True), plan.deadline)
+    if isinstance(answer, Failure) and answer.kind == "unsupported":
+        answer = yield Aggregate(cluster, "feed", stream + detail_stages(plan.by, plan.newest, top_n=False), plan.deadline)
+    rows: list[dict[str, Any]] = _answer(answer)
+    return rows
 
 
 def _read_marks(plan: GroupPlan, keys: Sequence[str], oldest: datetime) -> Program[dict[str, tuple[datetime, bytes]]]:

@@ -7,7 +7,7 @@ epoch, so a group's span is bounded by construction). "Alice and 3 others liked 
 is the group ``("like", <post>)`` of one day; "5 new followers today" is ``("follow", None)``.
 
 **Counted on the server.** A group's item count, distinct-actor count, first time and newest
-actors come from ``aggregate`` pipelines (:func:`rank_stages`, :func:`detail_facets`) run on
+actors come from ``aggregate`` pipelines (:func:`rank_stages`, :func:`detail_stages`) run on
 the stream of the receiver's copies in one window that the period's layout supplies
 (:meth:`~router.core.layouts.base.Layout.copy_stream`); what comes back is one row per group
 and a few items per group on the page, never the group's items. A group of 100,000 likes
@@ -47,7 +47,8 @@ from ..model import FeedItem, from_millis, to_millis
 
 __all__ = [
     "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_NEWEST", "UnseenGroups",
-    "decode_group_cursor", "decode_key", "encode_group_cursor", "group_key", "key_hash",
+    "actor_stages", "at_or_below", "decode_group_cursor", "decode_key", "detail_stages", "encode_group_cursor", "group_key",
+    "key_hash", "newest_actors", "position_key", "rank_stages", "selected", "unseen_stages",
 ]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -133,9 +134,9 @@ class GroupBy:
         return tuple(out)
 
     def group_id(self) -> dict[str, Any]:
-        """The ``_id`` expression of ``$group``, in object form (some servers leave a missing field out of it where
-        others give ``None``: :meth:`values_of_row` reads both as ``None``, and rows are merged by those values)."""
-        return {f"k{i}": f"${f}" for i, f in enumerate(self.fields)}
+        """The ``_id`` expression of ``$group``, in object form, a missing field as ``None`` (``$ifNull``: some
+        servers would leave it out of the object, making it a group apart from an explicit ``None``)."""
+        return {f"k{i}": {"$ifNull": [f"${f}", None]} for i, f in enumerate(self.fields)}
 
     def window_id(self) -> dict[str, Any]:
         """The expression of an item's window number (``$floor`` of its epoch milliseconds over the span)."""
@@ -288,21 +289,33 @@ def rank_stages(by: GroupBy, limit: int) -> list[dict[str, Any]]:
     ]
 
 
-def detail_facets(by: GroupBy, values: Sequence[tuple[Any, ...]], newest: int, *, actors: bool) -> dict[str, Any]:
-    """After a copy stream: one ``$facet`` with, for each group *i* of *values*, its counts (``c<i>``: items, actors,
-    first time), the newest item of each of its *newest* newest actors (``t<i>``) and, with *actors*, its distinct
-    actors (``a<i>``: needed to count a group that spans periods exactly)."""
-    facets: dict[str, Any] = {}
-    for i, v in enumerate(values):
-        match = {"$match": by.selector(v)}
-        facets[f"c{i}"] = [match, {"$group": {"_id": "$sender_id", "n": {"$sum": 1}, "f": {"$min": "$event_time"}}},
-                           {"$group": {"_id": None, "n": {"$sum": "$n"}, "a": {"$sum": 1}, "f": {"$min": "$f"}}}]
-        facets[f"t{i}"] = [match, {"$sort": {"event_time": -1, "_id": -1}},
-                           {"$group": {"_id": "$sender_id", "item": {"$first": "$$ROOT"}}},
-                           {"$sort": {"item.event_time": -1, "item._id": -1}}, {"$limit": newest}]
-        if actors:
-            facets[f"a{i}"] = [match, {"$group": {"_id": "$sender_id"}}]
-    return {"$facet": facets}
+def selected(by: GroupBy, values: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    """The filter of the items of the groups *values* name (one window's: the stream bounds the time)."""
+    return {"$or": [by.selector(v) for v in values]}
+
+
+def detail_stages(by: GroupBy, newest: int, *, top_n: bool) -> list[dict[str, Any]]:
+    """After a stream of the page's groups' items: one row per group, ``{_id: key values, n: items, a: distinct
+    actors, f: first time, top: [{t, i, d}, ...]}``, ``top`` the newest item (``d``) of each of its *newest* newest
+    actors. The first ``$group`` makes one row per (group, actor); the second adds them up and keeps the newest
+    actors with ``$topN`` (*top_n*: MongoDB 5.2+, FerretDB 2), or else with ``$push`` after a ``$sort`` (which keeps
+    the order on the servers without ``$topN``: mongo-java-server, older MongoDB) and ``$slice``."""
+    per_actor = {"$group": {"_id": {"k": by.group_id(), "s": "$sender_id"}, "n": {"$sum": 1},
+                            "f": {"$min": "$event_time"},
+                            "last": {"$max": {"t": "$event_time", "i": "$_id", "d": "$$ROOT"}}}}
+    sums = {"n": {"$sum": "$n"}, "a": {"$sum": 1}, "f": {"$min": "$f"}}
+    if top_n:
+        top = {"$topN": {"n": newest, "sortBy": {"last.t": -1, "last.i": -1}, "output": "$last"}}
+        return [per_actor, {"$group": {"_id": "$_id.k", **sums, "top": top}}]
+    return [per_actor, {"$sort": {"last.t": -1, "last.i": -1}},
+            {"$group": {"_id": "$_id.k", **sums, "top": {"$push": "$last"}}},
+            {"$project": {"n": 1, "a": 1, "f": 1, "top": {"$slice": ["$top", newest]}}}]
+
+
+def actor_stages(by: GroupBy) -> list[dict[str, Any]]:
+    """After a stream of the page's groups' items: one row per (group, actor), to count a group's actors as one set
+    when it holds items in several periods."""
+    return [{"$group": {"_id": {"k": by.group_id(), "s": "$sender_id"}}}]
 
 
 def unseen_stages(by: GroupBy, limit: int) -> list[dict[str, Any]]:

@@ -216,8 +216,9 @@ def _cursor_of(router: Any, r: int) -> str:
 
 def test_a_page_of_20_groups_costs_a_bounded_number_of_requests(servers: LocalClusters, make_config: Callable[..., Any]) -> None:
     """A page of 20 groups, one of them of 3,000 likes, in the newest cluster: at most 6 commands there (seen marker,
-    newest item, rank, details, the next window's first item, read marks) and one (the seen marker) in each older
-    cluster; two aggregates in all, and the finds return at most 2 documents: never the big group's items."""
+    newest item, rank, details, the next window's first item, read marks; one more on a server without $topN) and one
+    (the seen marker) in each older cluster; two aggregates in all, and the finds return at most 2 documents: never
+    the big group's items."""
     config = make_config()
     register(config)
     log = CommandLog()
@@ -237,8 +238,9 @@ def test_a_page_of_20_groups_costs_a_bounded_number_of_requests(servers: LocalCl
         per_server[c.port] = per_server.get(c.port, 0) + 1
     ports = {int(s.uri.rsplit(":", 1)[1].split("/")[0]): s.name for s in servers.servers}
     named = {ports[p]: n for p, n in per_server.items()}
-    assert named["cluster_3"] <= 6 and named.get("cluster_2", 0) <= 1 and named.get("cluster_1", 0) <= 1, named
-    assert log.total("aggregate") == 2 and log.documents <= 2, (log.commands, log.documents)
+    retry = 1 if servers.backend == "javaserver" else 0  # no $topN there: the details are asked again with $push
+    assert named["cluster_3"] <= 6 + retry and named.get("cluster_2", 0) <= 1 and named.get("cluster_1", 0) <= 1, named
+    assert log.total("aggregate") == 2 + retry and log.documents <= 2, (log.commands, log.documents)
 
 
 def test_groups_across_a_boundary_count_each_item_and_actor_once(router: FeedRouter) -> None:
