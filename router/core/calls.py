@@ -31,6 +31,7 @@ from .group_reads import ALL, GroupPlan, Mark, groups_program, mark_read_program
 from .groups import (
     DEFAULT_GROUP_BY,
     MAX_GROUP_PAGE,
+    MAX_MARKS,
     MAX_NEWEST,
     Group,
     GroupBy,
@@ -321,6 +322,8 @@ def mark_read(view: View, receiver_id: object, groups: object) -> Program[int]:
         raise InvalidItem("groups", f"must be 'all' or an iterable of groups or group keys (got {groups!r:.80})")
     else:
         for i, g in enumerate(groups):
+            if i >= MAX_MARKS:
+                raise InvalidItem("groups", f"at most {MAX_MARKS} groups per call (mark more with 'all')")
             if isinstance(g, Group):
                 marks.append(Mark(g.key, g.newest))
             else:

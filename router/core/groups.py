@@ -46,7 +46,7 @@ from ..errors import InvalidCursor, InvalidItem
 from ..model import FeedItem, from_millis, to_millis
 
 __all__ = [
-    "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_NEWEST", "UnseenGroups",
+    "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
     "actor_stages", "at_or_below", "decode_group_cursor", "decode_key", "detail_stages", "encode_group_cursor", "group_key",
     "key_hash", "newest_actors", "position_key", "rank_stages", "selected", "unseen_stages",
 ]
@@ -54,6 +54,8 @@ __all__ = [
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: The most groups one page returns.
 MAX_GROUP_PAGE = 100
+#: The most groups one ``mark_read`` call marks (its cleanup names each in one statement).
+MAX_MARKS = 1000
 #: The most newest items (one per actor) a group carries.
 MAX_NEWEST = 10
 #: The fields a key may name besides ``data.<path>``.

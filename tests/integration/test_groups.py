@@ -205,6 +205,8 @@ def test_invalid_arguments_name_what_was_wrong(router: FeedRouter) -> None:
         router.mark_read(r, ["not a key"])
     with pytest.raises(InvalidItem, match="groups"):
         router.mark_read(r, "some")
+    with pytest.raises(InvalidItem, match="groups: at most 1000 groups per call"):
+        router.mark_read(r, [group_key(GroupBy(), ("like", 1), 0)] * 1001)
 
 
 def _cursor_of(router: Any, r: int) -> str:
