@@ -6,8 +6,10 @@ until one has it); on the walk's first page, the newest item (a one-item page of
 window the page takes, every cluster whose period meets the window (and has started) is asked
 once to *rank* the window's groups (one ``aggregate``: the groups' newest items, limited to
 the groups served so far in that window plus the ones still missing plus one), and once for
-the *details* of the groups taken (one ``aggregate`` with a ``$facet`` per group: counts and
-newest actors). With pulled senders, each such cluster also returns the pulled senders'
+the *details* of the groups taken (one ``aggregate``: items, distinct actors, first time and
+newest actors of each, with ``$topN``; a server without it is asked again with ``$push``),
+and once more for the groups' actors where the window meets several periods (to count them
+as one set). With pulled senders, each such cluster also returns the pulled senders'
 entries in that window (an outbox ``find`` and an ``aggregate`` of their copies): those are
 a few authors' posts, counted here, each post once as a page serves it once. A window used up
 before the page is full costs a one-item page to find the next window. Last, one ``find`` per
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 from bson import ObjectId
