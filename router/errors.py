@@ -105,13 +105,13 @@ class UnknownLayout(MetadataError):
 
 class GroupsUnsupported(RouterError):
     """Raised by ``read_groups`` and ``unseen_groups`` when a cluster's server cannot group on the server (FerretDB v1
-    implements none of ``$max``, ``$first``, ``$facet`` in ``aggregate``): ``cluster`` names it. Grouped reads need
-    MongoDB, FerretDB 2 or mongo-java-server; ``mark_read`` works everywhere."""
+    implements none of ``$max``, ``$ifNull``, ``$push``, ``$topN`` in ``aggregate``): ``cluster`` names it. Grouped
+    reads need MongoDB, FerretDB 2 or mongo-java-server; ``mark_read`` works everywhere."""
 
     def __init__(self, cluster: str, answer: str) -> None:
         self.cluster = cluster
-        super().__init__(f"cluster {cluster!r}: grouped reads need a server that groups in aggregate ($max, $first, "
-                         f"$facet: MongoDB, FerretDB 2, mongo-java-server); this one refused: {answer}")
+        super().__init__(f"cluster {cluster!r}: grouped reads need a server that groups in aggregate ($max, $ifNull, "
+                         f"$topN or $push: MongoDB, FerretDB 2, mongo-java-server); this one refused: {answer}")
 
 
 class NoClusterForTime(RouterError, LookupError):

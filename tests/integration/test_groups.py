@@ -297,7 +297,7 @@ def test_mark_read_from_two_processes_keeps_every_mark(router: FeedRouter, make_
 def test_on_ferretdb1_marks_race_safely_and_grouped_reads_say_why_not(ferretdb1: LocalClusters, tmp_path: Path) -> None:
     """On FerretDB 1 (which loses concurrent updates of one document) two processes' read marks all survive, each
     group's highest mark at or above its newest item; read_groups and unseen_groups raise GroupsUnsupported naming the
-    cluster (the server implements no $max, $first or $facet)."""
+    cluster (the server implements no $max, $ifNull, $push or $topN)."""
     config = RouterConfig(database=f"t_{fresh()}", clusters=tuple(
         ClusterConfig(name=n, uri=u, options={}) for n, u in zip(NAMES, ferretdb1.uris)))
     register(config)
