@@ -6,7 +6,7 @@ another post each) on one day in the newest period. Measured, in the same run:
 * ``groups_page_latency``: ``read_groups(limit=20)`` against ``read(limit=20)`` of the same
   receiver (median of *rounds* calls per repetition, ms);
 * ``groups_page_requests``: the commands each sends, per cluster at most (judged: a page of
-  groups in one window sends at most 6 to a cluster), and the documents the client receives
+  groups in one window sends at most 5 to a cluster, 6 without $topN), and the documents the client receives
   (finds and aggregates together): a group's count never brings its items;
 * ``group_count_cost``: what counting the big group costs the server alone: one raw
   ``aggregate`` of its items and actors (``$match`` on the receiver, its day and its key, two

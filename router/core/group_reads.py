@@ -12,7 +12,8 @@ and once more for the groups' actors where the window meets several periods (to 
 as one set). With pulled senders, each such cluster also returns the pulled senders'
 entries in that window (an outbox ``find`` and an ``aggregate`` of their copies): those are
 a few authors' posts, counted here, each post once as a page serves it once. A window used up
-before the page is full costs a one-item page to find the next window. Last, one ``find`` per
+before the page is full costs a one-item page to find the next window (a page that fills as
+its window is used up leaves that to the next page). Last, one ``find`` per
 cluster from the newest down to the oldest group's newest item reads the read marks.
 
 **Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
@@ -280,6 +281,11 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
     chosen: list[tuple[_Ranked, dict[str, Any], datetime]] = []
     queried: list[str] = []
     next_cursor: GroupCursor | None = None
+    if cursor.below:  # the last page used its window up: the walk goes on in the next window that holds an item
+        below = yield from _locate(plan, plan.by.window_bounds(window)[0])
+        if below is None:
+            return GroupPage((), None)
+        window = plan.by.window_of(below.event_time)
     while True:
         need = plan.limit - len(chosen)
         start, end = plan.by.window_bounds(window)
@@ -296,13 +302,13 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         if len(fresh) > len(taken):  # the window holds more: the next page goes on in it
             next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, frozenset(served))
             break
+        if len(chosen) == plan.limit:  # full, and the window used up: the next page looks below it (a full page
+            next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, below=True)  # carries a cursor)
+            break
         below = yield from _locate(plan, start)
         if below is None:
             break
         window, served = plan.by.window_of(below.event_time), set()
-        if len(chosen) == plan.limit:
-            next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, frozenset())
-            break
     marks: dict[str, tuple[datetime, bytes]] = {}
     if chosen:
         marks = yield from _read_marks(plan, [t.key for t, _, _ in chosen], min(t.last.event_time for t, _, _ in chosen))

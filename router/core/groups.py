@@ -64,7 +64,7 @@ _DATA_PATH = re.compile(r"^data(\.[A-Za-z0-9_]+){1,4}$")
 _SPAN_UNITS = {"m": 60, "h": 3600, "d": 86400}
 _KEY_PREFIX = "g1."
 _CURSOR_PREFIX = "gc1."
-_CURSOR_HEAD = struct.Struct(">4sq12sqI")
+_CURSOR_HEAD = struct.Struct(">4sq12sqBI")
 
 
 def _check_fields(_inst: object, _attr: object, fields: tuple[str, ...]) -> None:
@@ -241,18 +241,20 @@ class UnseenGroups:
 
 @attrs.frozen
 class GroupCursor:
-    """Where a walk of groups stands: its ceiling, the window it is in, and the groups of that window served."""
+    """Where a walk of groups stands: its ceiling, the window it is in, and the groups of that window served; or, with
+    *below*, that every group of that window was served and the walk goes on below it."""
 
     fingerprint: bytes
     ceiling: Position
     window: int
     served: frozenset[bytes] = frozenset()
+    below: bool = False
 
 
 def encode_group_cursor(cursor: GroupCursor) -> str:
     """The opaque string of *cursor* (``"gc1."`` and URL-safe base64)."""
     head = _CURSOR_HEAD.pack(cursor.fingerprint, to_millis(cursor.ceiling.event_time), cursor.ceiling.id.binary,
-                             cursor.window, len(cursor.served))
+                             cursor.window, 1 if cursor.below else 0, len(cursor.served))
     raw = head + b"".join(sorted(cursor.served))
     return _CURSOR_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
@@ -264,16 +266,18 @@ def decode_group_cursor(text: object, fingerprint: bytes) -> GroupCursor:
     body = text[len(_CURSOR_PREFIX):]
     try:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-        mark, ms, oid, window, n = _CURSOR_HEAD.unpack_from(raw)
+        mark, ms, oid, window, flags, n = _CURSOR_HEAD.unpack_from(raw)
         rest = raw[_CURSOR_HEAD.size:]
         if len(rest) != 8 * n:
             raise ValueError("served groups do not match their count")
+        if flags not in (0, 1) or (flags and n):
+            raise ValueError("bad flags")
         ceiling = Position(from_millis(ms), ObjectId(oid))
     except (binascii.Error, struct.error, ValueError, OverflowError) as exc:
         raise InvalidCursor(f"cursor: malformed ({exc}) (got {text!r:.60})") from None
     if mark != fingerprint:
         raise InvalidCursor("cursor: made for another key or other types; start the walk again without a cursor")
-    return GroupCursor(mark, ceiling, window, frozenset(rest[i:i + 8] for i in range(0, len(rest), 8)))
+    return GroupCursor(mark, ceiling, window, frozenset(rest[i:i + 8] for i in range(0, len(rest), 8)), bool(flags))
 
 
 def at_or_below(ceiling: Position) -> dict[str, Any]:

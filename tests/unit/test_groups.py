@@ -86,10 +86,10 @@ def test_a_bad_key_names_the_argument(bad: object) -> None:
 
 
 @given(times, st.binary(min_size=12, max_size=12), st.integers(-10**9, 10**9),
-       st.frozensets(st.binary(min_size=8, max_size=8), max_size=50))
-def test_cursors_round_trip(t: datetime, oid: bytes, window: int, served: frozenset[bytes]) -> None:
+       st.frozensets(st.binary(min_size=8, max_size=8), max_size=50), st.booleans())
+def test_cursors_round_trip(t: datetime, oid: bytes, window: int, served: frozenset[bytes], below: bool) -> None:
     mark = GroupBy().fingerprint(("like",))
-    cursor = GroupCursor(mark, Position(t, ObjectId(oid)), window, served)
+    cursor = GroupCursor(mark, Position(t, ObjectId(oid)), window, frozenset() if below else served, below)
     assert decode_group_cursor(encode_group_cursor(cursor), mark) == cursor
 
 
