@@ -328,6 +328,12 @@ class FeedRouter:
     def mark_read(self, receiver_id: int | str, groups: Iterable[Group | str] | Literal["all"]) -> int:
         """Mark *groups* read (``Group`` values from a page, their keys, or ``"all"``); returns how many marks.
 
+        Example::
+
+            page = feeds.read_groups(7)
+            feeds.mark_read(7, [page.groups[0]])         # opened: bold until a newer item arrives
+            feeds.mark_read(7, "all")                    # "mark all as read"
+
         A group passed as a value is read through its newest item (a newer item makes it unread
         again); a key or ``"all"`` marks through now. Marks are inserted, never updated, so two
         devices marking at once lose nothing, on every supported server.
@@ -338,7 +344,16 @@ class FeedRouter:
         self, receiver_id: int | str, *, cap: int = 99, key: GroupBy | str | None = None,
         pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
     ) -> UnseenGroups:
-        """How many groups have an item newer than the seen marker, stopping past *cap* (the badge: "99+")."""
+        """How many groups have an item newer than the seen marker, stopping past *cap* (the badge: "99+").
+
+        Example::
+
+            badge = feeds.unseen_groups(7, cap=99)
+            label = f"{badge.count}+" if badge.capped else str(badge.count)
+
+        Asks the newest cluster first and never one older than the marker; *key*, *pull* and
+        *types* as in :meth:`read_groups`.
+        """
         return self._run("unseen_groups", calls.unseen_groups(
             self._view(), receiver_id, cap=cap, key=key, pull=pull, types=types))
 
