@@ -323,7 +323,7 @@ def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
 def _group_json(g: Any) -> dict[str, Any]:
     return {"key": g.key, "values": [_plain(v) for v in g.values], "window_start": g.window_start.isoformat(),
             "count": g.count, "actor_count": g.actor_count, "actors": [_plain(a) for a in g.actors],
-            "items": [str(i.id) for i in g.items], "first_time": g.first_time.isoformat(),
+            "shown": [str(i.id) for i in g.items], "first_time": g.first_time.isoformat(),
             "last_time": g.last_time.isoformat(), "seen": g.seen, "read": g.read}
 
 

@@ -45,29 +45,21 @@ from .groups import (
     GroupCursor,
     GroupPage,
     UnseenGroups,
-    actor_stages,
-    at_or_below,
-    detail_stages,
     encode_group_cursor,
     group_key,
     key_hash,
     newest_actors,
     position_key,
-    rank_stages,
-    selected,
-    unseen_stages,
 )
-from .layouts import layout_for, outbox
-from .layouts.copies import item_of, newer_than, older_than
+from .layouts import grouping, layout_for, outbox
 from .reads import ReadPlan, read_program
-from .seen import marker_program
-from .steps import Aggregate, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program
+from .seen import ALL_GROUPS as ALL
+from .seen import highest_read_marks, marker_program, read_mark_documents, read_marks_below, read_marks_find
+from .steps import Aggregate, Concurrently, Failure, Insert, InsertOutcome, Program, Request
 
 __all__ = ["ALL", "GroupPlan", "Mark", "groups_program", "mark_read_program", "unseen_groups_program"]
 
 log = logging.getLogger(__name__)
-#: The ``group`` of a mark that marks every group read.
-ALL = "*"
 _TOP = ObjectId(b"\xff" * 12)
 
 
@@ -120,55 +112,39 @@ def _locate(plan: GroupPlan, below: datetime | None) -> Program[FeedItem | None]
     return page.items[0] if page.items else None
 
 
-def _match(plan: GroupPlan, ceiling: Position | None) -> dict[str, Any]:
-    """The filter of the copies a group counts: of the types asked, at or below *ceiling*, not from a pulled sender
-    (those are counted with the pulled entries, each post once)."""
-    match: dict[str, Any] = {}
-    if plan.types:
-        match["type"] = {"$in": list(plan.types)}
-    if plan.pull:
-        match["sender_id"] = {"$nin": list(plan.pull)}
-    if ceiling is not None:
-        match.update(at_or_below(ceiling))
-    return match
+def _copies(plan: GroupPlan, ceiling: Position | None,
+            groups: Sequence[tuple[Any, ...]] | None = None) -> dict[str, Any]:
+    """The copies a group counts: of the types asked, at or below *ceiling*, not from a pulled sender (those are
+    counted with the pulled posts, each post once), of *groups* when given."""
+    return grouping.copy_match(types=plan.types, not_from=plan.pull, ceiling=ceiling,
+                               groups=(plan.by.fields, groups) if groups is not None else None)
 
 
 def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime,
             ceiling: Position) -> Program[dict[tuple[Any, ...], list[FeedItem]]]:
     """The pulled senders' items in ``[start, end)`` at or below *ceiling*, each post once, by group values."""
     programs: list[Program[Any]] = []
-    lanes: list[str] = []
     for name in clusters:
         layout = layout_for(plan.timemap, name)
-        copies: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}, **at_or_below(ceiling)}
-        if plan.types:
-            copies["type"] = {"$in": list(plan.types)}
-        posts: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)},
-                                 "event_time": {"$gte": start, "$lt": end, "$lte": ceiling.event_time}}
-        if plan.types:
-            posts["type"] = {"$in": list(plan.types)}
-        programs += [_one(Aggregate(name, "feed", layout.copy_stream(plan.receiver_id, start, end, copies), plan.deadline)),
-                     _one(Find(name, "outbox", posts, plan.deadline))]
-        lanes += [name, name]
-    answers = yield Concurrently(programs, lanes)
+        programs += [_one(grouping.pulled_copies(layout, name, plan.receiver_id, start, end, plan.pull, plan.types,
+                                                 ceiling, plan.deadline)),
+                     _one(grouping.pulled_posts(name, plan.pull, plan.types, start, end, ceiling, plan.deadline))]
+    answers = yield Concurrently(programs, [n for n in clusters for _ in range(2)])
     found: dict[tuple[datetime, bytes], FeedItem] = {}
-    bound = position_key(ceiling)
-    for i, answer in enumerate(answers):
-        for doc in _answer(answer):
-            if i % 2 == 0:
-                item = item_of(doc, plan.receiver_id)
-                found[(item.event_time, doc["_id"].binary)] = item  # the receiver's own copy wins
-                continue
-            entry = outbox.pulled_item(doc, plan.receiver_id)
-            if entry is not None and (entry[0], entry[1].binary) <= bound:
-                found.setdefault((entry[0], entry[1].binary), entry[2])
+    for i in range(0, len(answers), 2):
+        for where, item, own in grouping.pulled_items(_answer(answers[i]), _answer(answers[i + 1]), plan.receiver_id,
+                                                      ceiling):
+            if own:
+                found[where] = item  # the receiver's own copy wins, as on a page
+            else:
+                found.setdefault(where, item)
     by_group: dict[tuple[Any, ...], list[FeedItem]] = {}
     for item in found.values():
         by_group.setdefault(plan.by.values_of(item), []).append(item)
     return by_group
 
 
-def _one(request: Find | Aggregate) -> Program[Any]:
+def _one(request: Request) -> Program[Any]:
     answer = yield request
     return answer
 
@@ -183,15 +159,14 @@ class _Ranked:
 def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position, limit: int,
           pulled: Mapping[tuple[Any, ...], list[FeedItem]], window: int) -> Program[list[_Ranked]]:
     """The window's groups newest first by their newest item at or below *ceiling*: at least the *limit* newest."""
-    match = _match(plan, ceiling)
-    programs = [_one(Aggregate(c, "feed", layout_for(plan.timemap, c).copy_stream(plan.receiver_id, start, end, match)
-                               + rank_stages(plan.by, limit), plan.deadline)) for c in clusters]
+    match = _copies(plan, ceiling)
+    programs = [_one(grouping.rank(layout_for(plan.timemap, c), c, plan.receiver_id, start, end, match, plan.by.fields,
+                                   limit, plan.deadline)) for c in clusters]
     answers = yield Concurrently(programs, list(clusters))
     last: dict[tuple[Any, ...], tuple[datetime, bytes]] = {}
     for answer in answers:
-        for row in _answer(answer):
-            values = plan.by.values_of_row(row["_id"])
-            mine = (row["last"]["t"], row["last"]["i"].binary)
+        for values, newest in grouping.rank_rows(_answer(answer), plan.by.fields):
+            mine = position_key(newest)
             last[values] = max(last.get(values, mine), mine)
     for values, items in pulled.items():
         mine = max((i.event_time, i.id.binary) for i in items)  # type: ignore[union-attr]
@@ -202,62 +177,65 @@ def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: dateti
 
 
 def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
-             taken: Sequence[_Ranked], pulled: Mapping[tuple[Any, ...], list[FeedItem]]) -> Program[list[dict[str, Any]]]:
+             taken: Sequence[_Ranked], pulled: Mapping[tuple[Any, ...], list[FeedItem]]) -> Program[list[grouping.Detail]]:
     """Counts, first time and newest actors of each group *taken*, each item counted once: one aggregate per cluster
     (two on a server without ``$topN``), and one more listing the actors where the window meets several periods."""
     spans = len(clusters) > 1  # a group may then hold items in several periods: count its actors as one set
-    match = {**_match(plan, None), "$and": [at_or_below(ceiling), selected(plan.by, [t.values for t in taken])]}
-    streams = {c: layout_for(plan.timemap, c).copy_stream(plan.receiver_id, start, end, match) for c in clusters}
-    programs = [_counted(c, streams[c], plan) for c in clusters]
+    match = _copies(plan, ceiling, [t.values for t in taken])
+    programs = [_counted(plan, c, start, end, match) for c in clusters]
     if spans:
-        programs += [_one(Aggregate(c, "feed", streams[c] + actor_stages(plan.by), plan.deadline)) for c in clusters]
+        programs += [_one(grouping.actors(layout_for(plan.timemap, c), c, plan.receiver_id, start, end, match,
+                                          plan.by.fields, plan.deadline)) for c in clusters]
     answers = yield Concurrently(programs, list(clusters) * (2 if spans else 1))
-    rows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    parts: dict[tuple[Any, ...], list[grouping.Detail]] = {}
     for answer in answers[:len(clusters)]:
-        for row in answer:
-            rows.setdefault(plan.by.values_of_row(row["_id"]), []).append(row)
+        for values, detail in answer.items():
+            parts.setdefault(values, []).append(detail)
     actor_sets: dict[tuple[Any, ...], set[tuple[type, Any]]] = {}
     for answer in answers[len(clusters):]:
-        for row in _answer(answer):
-            actor_sets.setdefault(plan.by.values_of_row(row["_id"]["k"]), set()).add((type(row["_id"]["s"]), row["_id"]["s"]))
+        for values, actor in grouping.actor_rows(_answer(answer), plan.by.fields):
+            actor_sets.setdefault(values, set()).add((type(actor), actor))
     out = []
     for t in taken:
-        mine = rows.get(t.values, [])
-        count = sum(r["n"] for r in mine)
-        actors = len(actor_sets.get(t.values, ())) if spans else sum(r["a"] for r in mine)
-        firsts = [r["f"] for r in mine]
-        items = [item_of(x["d"], plan.receiver_id) for r in mine for x in r["top"]]
+        mine = parts.get(t.values, [])
+        count = sum(d.count for d in mine)
+        actors = len(actor_sets.get(t.values, ())) if spans else sum(d.actors for d in mine)
+        firsts = [d.first for d in mine]
+        items = [i for d in mine for i in d.items]
         pulled_items = pulled.get(t.values, [])
         if pulled_items:  # pulled senders are not among the copies counted above: their actors are others
             count += len(pulled_items)
             actors += len({(type(i.sender_id), i.sender_id) for i in pulled_items})
             firsts.append(min(i.event_time for i in pulled_items))
-        out.append({"count": count, "actors": actors, "first": min(firsts, default=t.last.event_time),
-                    "items": newest_actors(items + pulled_items, plan.newest)})
+        out.append(grouping.Detail(count, actors, min(firsts, default=t.last.event_time),
+                                   newest_actors(items + pulled_items, plan.newest)))
     return out
 
 
-def _counted(cluster: str, stream: list[dict[str, Any]], plan: GroupPlan) -> Program[list[dict[str, Any]]]:
-    """The detail rows of one cluster: with ``$topN``, or (on a server that does not know it) with ``$push``."""
-    answer = yield Aggregate(cluster, "feed", stream + detail_stages(plan.by, plan.newest, top_n=True), plan.deadline)
+def _counted(plan: GroupPlan, cluster: str, start: datetime, end: datetime,
+             match: Mapping[str, Any]) -> Program[dict[tuple[Any, ...], grouping.Detail]]:
+    """The details of one cluster: with ``$topN``, or (on a server that does not know it) with ``$push``."""
+    layout = layout_for(plan.timemap, cluster)
+
+    def request(top_n: bool) -> Aggregate:
+        return grouping.details(layout, cluster, plan.receiver_id, start, end, match, plan.by.fields, plan.newest,
+                                top_n=top_n, deadline=plan.deadline)
+
+    answer = yield request(True)
     if isinstance(answer, Failure) and answer.kind == "unsupported":
-        answer = yield Aggregate(cluster, "feed", stream + detail_stages(plan.by, plan.newest, top_n=False), plan.deadline)
-    rows: list[dict[str, Any]] = _answer(answer)
-    return rows
+        answer = yield request(False)
+    return grouping.detail_rows(_answer(answer), plan.by.fields, plan.receiver_id)
 
 
 def _read_marks(plan: GroupPlan, keys: Sequence[str], oldest: datetime) -> Program[dict[str, tuple[datetime, bytes]]]:
-    """The highest read mark of each of *keys* (and of ``"*"``) at or above *oldest*."""
+    """The highest read mark of each of *keys* (and of every group) at or above *oldest*."""
     names = [n for n in plan.names() if _ends_after(plan.timemap, n, oldest)]
-    match = {"receiver_id": plan.receiver_id, "group": {"$in": [*keys, ALL]}, "event_time": {"$gte": oldest}}
-    programs = [_one(Find(n, "seen", match, plan.deadline, projection={"_id": 0, "group": 1, "event_time": 1, "key": 1}))
-                for n in names]
-    answers = yield Concurrently(programs, names)
+    answers = yield Concurrently([_one(read_marks_find(n, plan.receiver_id, keys, oldest, plan.deadline)) for n in names],
+                                 names)
     marks: dict[str, tuple[datetime, bytes]] = {}
     for answer in answers:
-        for doc in _answer(answer):
-            mine = (doc["event_time"], doc["key"].binary)
-            marks[doc["group"]] = max(marks.get(doc["group"], mine), mine)
+        for group, mark in highest_read_marks(_answer(answer)).items():
+            marks[group] = max(marks.get(group, mark), mark)
     return marks
 
 
@@ -278,7 +256,7 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         cursor = GroupCursor(plan.by.fingerprint(plan.types), Position(top.event_time, top.id),
                              plan.by.window_of(top.event_time))
     ceiling, window, served = cursor.ceiling, cursor.window, set(cursor.served)
-    chosen: list[tuple[_Ranked, dict[str, Any], datetime]] = []
+    chosen: list[tuple[_Ranked, grouping.Detail, datetime]] = []
     queried: list[str] = []
     next_cursor: GroupCursor | None = None
     if cursor.below:  # the last page used its window up: the walk goes on in the next window that holds an item
@@ -319,8 +297,8 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         best = max([m for m in (marks.get(t.key), everything) if m is not None], default=None)
         read = best is not None and best >= newest
         seen = marker is not None and newest <= position_key(marker)
-        groups.append(Group(key=t.key, values=t.values, window_start=start, count=d["count"], actor_count=d["actors"],
-                            items=d["items"], first_time=d["first"], last_time=t.last.event_time, newest=t.last,
+        groups.append(Group(key=t.key, values=t.values, window_start=start, count=d.count, actor_count=d.actors,
+                            items=d.items, first_time=d.first, last_time=t.last.event_time, newest=t.last,
                             seen=seen, read=read))
     return GroupPage(tuple(groups), encode_group_cursor(next_cursor) if next_cursor else None, tuple(queried))
 
@@ -340,32 +318,18 @@ def mark_read_program(receiver_id: int | str, marks: Sequence[Mark], place: Mapp
     for m in marks:
         by_cluster.setdefault(place[m.group], []).append(m)
     names = list(by_cluster)
-    docs = {n: [{"_id": ObjectId(), "receiver_id": receiver_id, "group": m.group, "event_time": m.through.event_time,
-                 "key": m.through.id} for m in ms] for n, ms in by_cluster.items()}
-    outcomes = yield Concurrently([_insert(n, docs[n], deadline) for n in names], names)
+    pairs = {n: [(m.group, m.through) for m in ms] for n, ms in by_cluster.items()}
+    outcomes = yield Concurrently([_one(Insert(n, "seen", read_mark_documents(receiver_id, pairs[n]), deadline))
+                                   for n in names], names)
     for outcome in outcomes:
         _answer(outcome)
         if outcome.write_errors:
             raise RuntimeError(f"a read mark was refused: {outcome.write_errors[0].message}")
-    cleanups = yield Concurrently([_cleanup(n, receiver_id, by_cluster[n], deadline) for n in names], names)
+    cleanups = yield Concurrently([_one(read_marks_below(n, receiver_id, pairs[n], deadline)) for n in names], names)
     for name, cleaned in zip(names, cleanups):
         if isinstance(cleaned, Failure):  # the marks are stored; lower ones left are harmless, and go next time
             log.warning("read marks below the new ones stay for now: %s", cleaned.error, extra={"cluster": name})
     return len(marks)
-
-
-def _insert(cluster: str, docs: list[dict[str, Any]], deadline: float) -> Program[Any]:
-    answer = yield Insert(cluster, "seen", docs, deadline)
-    return answer
-
-
-def _cleanup(cluster: str, receiver_id: int | str, marks: Sequence[Mark], deadline: float) -> Program[Any]:
-    branches: list[dict[str, Any]] = []
-    for m in marks:
-        group: Any = {"$exists": True} if m.group == ALL else m.group
-        branches += [{"group": group, **clause} for clause in older_than(m.through, "key")["$or"]]
-    answer = yield Delete(cluster, "seen", {"receiver_id": receiver_id, "$or": branches}, deadline)
-    return answer
 
 
 def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
@@ -378,22 +342,20 @@ def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
     queried: list[str] = []
     for i, name in enumerate(names[: at + 1]):
         bound = marker if i == at else None
-        start = plan.timemap.start_of(name)
-        match: dict[str, Any] = {"type": {"$in": list(plan.types)}} if plan.types else {}
-        stream = layout_for(plan.timemap, name).copy_stream(plan.receiver_id, start, None, {**match, **newer_than(bound)})
-        programs = [_one(Aggregate(name, "feed", stream + unseen_stages(plan.by, cap + 1), plan.deadline))]
+        fields, span = plan.by.fields, plan.by.span_ms
+        programs = [_one(grouping.unseen(layout_for(plan.timemap, name), name, plan.receiver_id,
+                                         plan.timemap.start_of(name), bound, plan.types, fields, span, cap + 1,
+                                         plan.deadline))]
         if plan.pull:
-            posts: dict[str, Any] = {"sender_id": {"$in": list(plan.pull)}, **match}
-            if bound is not None:
-                posts["event_time"] = {"$gt": bound.event_time}
-            programs.append(_one(Aggregate(name, "outbox", [{"$match": posts}] + unseen_stages(plan.by, cap + 1),
-                                           plan.deadline)))
+            after = bound.event_time if bound is not None else None
+            programs.append(_one(grouping.unseen_outbox(name, plan.pull, after, plan.types, fields, span, cap + 1,
+                                                        plan.deadline)))
             if bound is not None:
                 programs.append(_one(outbox.find(name, plan.pull, plan.deadline, types=plan.types, at=bound.event_time)))
         answers = yield Concurrently(programs, [name] * len(programs))
         queried.append(name)
         for answer in answers[:2]:
-            found.update((*plan.by.values_of_row(row["_id"]), int(row["_id"]["w"])) for row in _answer(answer))
+            found.update(grouping.unseen_rows(_answer(answer), plan.by.fields))
         if len(answers) == 3 and bound is not None:
             for doc in _answer(answers[2]):
                 entry = outbox.pulled_item(doc, plan.receiver_id)

@@ -7,7 +7,7 @@ epoch, so a group's span is bounded by construction). "Alice and 3 others liked 
 is the group ``("like", <post>)`` of one day; "5 new followers today" is ``("follow", None)``.
 
 **Counted on the server.** A group's item count, distinct-actor count, first time and newest
-actors come from ``aggregate`` pipelines (:func:`rank_stages`, :func:`detail_stages`) run on
+actors come from ``aggregate`` pipelines (:mod:`router.core.layouts.grouping`) run on
 the stream of the receiver's copies in one window that the period's layout supplies
 (:meth:`~router.core.layouts.base.Layout.copy_stream`); what comes back is one row per group
 and a few items per group on the page, never the group's items. A group of 100,000 likes
@@ -21,8 +21,10 @@ began: items above it are the next walk's), the current window and the 8-byte ha
 groups of that window already served; a group is served once per walk whatever its newest
 item does meanwhile (see ``docs/notification-groups.md`` for the rules).
 
-This module is pure: values, encodings and pipeline documents. The programs that run them
-are in :mod:`router.core.group_reads`.
+This module is pure and names no stored field: values, keys, windows and cursors. What a
+grouped read asks a cluster is built in :mod:`router.core.layouts.grouping` (the copies'
+fields are the layouts' to name) and the read marks' documents in :mod:`router.core.seen`
+(their collection's module); the programs are in :mod:`router.core.group_reads`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import hashlib
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -47,11 +49,9 @@ from ..model import FeedItem, from_millis, to_millis
 
 __all__ = [
     "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
-    "actor_stages", "at_or_below", "decode_group_cursor", "decode_key", "detail_stages", "encode_group_cursor", "group_key",
-    "key_hash", "newest_actors", "position_key", "rank_stages", "selected", "unseen_stages",
+    "decode_group_cursor", "decode_key", "encode_group_cursor", "group_key", "key_hash", "newest_actors", "position_key",
 ]
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: The most groups one page returns.
 MAX_GROUP_PAGE = 100
 #: The most groups one ``mark_read`` call marks (its cleanup names each in one statement).
@@ -134,23 +134,6 @@ class GroupBy:
                 value = value.get(part) if isinstance(value, Mapping) else None
             out.append(value)
         return tuple(out)
-
-    def group_id(self) -> dict[str, Any]:
-        """The ``_id`` expression of ``$group``, in object form, a missing field as ``None`` (``$ifNull``: some
-        servers would leave it out of the object, making it a group apart from an explicit ``None``)."""
-        return {f"k{i}": {"$ifNull": [f"${f}", None]} for i, f in enumerate(self.fields)}
-
-    def window_id(self) -> dict[str, Any]:
-        """The expression of an item's window number (``$floor`` of its epoch milliseconds over the span)."""
-        return {"$floor": {"$divide": [{"$subtract": ["$event_time", EPOCH]}, self.span_ms]}}
-
-    def selector(self, values: Sequence[Any]) -> dict[str, Any]:
-        """The filter of the items whose key fields hold *values* (``None`` matches a missing field too)."""
-        return {f: v for f, v in zip(self.fields, values)}
-
-    def values_of_row(self, row_id: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The key's values in a ``$group`` answer's ``_id``."""
-        return tuple(row_id.get(f"k{i}") for i in range(len(self.fields)))
 
     def fingerprint(self, types: Sequence[int | str] = ()) -> bytes:
         """Four bytes that tell this key (and type filter) apart from another, so a cursor is not reused across them."""
@@ -278,55 +261,6 @@ def decode_group_cursor(text: object, fingerprint: bytes) -> GroupCursor:
     if mark != fingerprint:
         raise InvalidCursor("cursor: made for another key or other types; start the walk again without a cursor")
     return GroupCursor(mark, ceiling, window, frozenset(rest[i:i + 8] for i in range(0, len(rest), 8)), bool(flags))
-
-
-def at_or_below(ceiling: Position) -> dict[str, Any]:
-    """The clause of items at or below *ceiling* in newest-first ``(event_time, _id)`` order."""
-    return {"$or": [{"event_time": {"$lt": ceiling.event_time}},
-                    {"event_time": ceiling.event_time, "_id": {"$lte": ceiling.id}}]}
-
-
-def rank_stages(by: GroupBy, limit: int) -> list[dict[str, Any]]:
-    """After a copy stream: the *limit* newest groups, each ``{_id: key values, last: {t, i}}`` (its newest item)."""
-    return [
-        {"$group": {"_id": by.group_id(), "last": {"$max": {"t": "$event_time", "i": "$_id"}}}},
-        {"$sort": {"last.t": -1, "last.i": -1}},
-        {"$limit": limit},
-    ]
-
-
-def selected(by: GroupBy, values: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-    """The filter of the items of the groups *values* name (one window's: the stream bounds the time)."""
-    return {"$or": [by.selector(v) for v in values]}
-
-
-def detail_stages(by: GroupBy, newest: int, *, top_n: bool) -> list[dict[str, Any]]:
-    """After a stream of the page's groups' items: one row per group, ``{_id: key values, n: items, a: distinct
-    actors, f: first time, top: [{t, i, d}, ...]}``, ``top`` the newest item (``d``) of each of its *newest* newest
-    actors. The first ``$group`` makes one row per (group, actor); the second adds them up and keeps the newest
-    actors with ``$topN`` (*top_n*: MongoDB 5.2+, FerretDB 2), or else with ``$push`` after a ``$sort`` (which keeps
-    the order on the servers without ``$topN``: mongo-java-server, older MongoDB) and ``$slice``."""
-    per_actor = {"$group": {"_id": {"k": by.group_id(), "s": "$sender_id"}, "n": {"$sum": 1},
-                            "f": {"$min": "$event_time"},
-                            "last": {"$max": {"t": "$event_time", "i": "$_id", "d": "$$ROOT"}}}}
-    sums = {"n": {"$sum": "$n"}, "a": {"$sum": 1}, "f": {"$min": "$f"}}
-    if top_n:
-        top = {"$topN": {"n": newest, "sortBy": {"last.t": -1, "last.i": -1}, "output": "$last"}}
-        return [per_actor, {"$group": {"_id": "$_id.k", **sums, "top": top}}]
-    return [per_actor, {"$sort": {"last.t": -1, "last.i": -1}},
-            {"$group": {"_id": "$_id.k", **sums, "top": {"$push": "$last"}}},
-            {"$project": {"n": 1, "a": 1, "f": 1, "top": {"$slice": ["$top", newest]}}}]
-
-
-def actor_stages(by: GroupBy) -> list[dict[str, Any]]:
-    """After a stream of the page's groups' items: one row per (group, actor), to count a group's actors as one set
-    when it holds items in several periods."""
-    return [{"$group": {"_id": {"k": by.group_id(), "s": "$sender_id"}}}]
-
-
-def unseen_stages(by: GroupBy, limit: int) -> list[dict[str, Any]]:
-    """After a stream of items newer than the marker: up to *limit* of their groups (key values and window)."""
-    return [{"$group": {"_id": {**by.group_id(), "w": by.window_id()}}}, {"$limit": limit}]
 
 
 def position_key(position: Position) -> tuple[datetime, bytes]:

@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -43,8 +43,8 @@ from .layouts import Layout, layout_for, outbox
 from .layouts.copies import older_than
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
-__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_of", "marker_program",
-           "unseen_program"]
+__all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "highest_read_marks", "mark_program", "marker_of",
+           "marker_program", "read_mark_documents", "read_marks_below", "read_marks_find", "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
@@ -192,3 +192,44 @@ def unseen_program(plan: UnseenPlan) -> Program[Unseen]:
         if total > plan.cap:
             break
     return Unseen(min(total, plan.cap), total > plan.cap, marker, tuple(queried))
+
+
+# -- read marks of notification groups (router.core.group_reads) ------------------------------
+
+#: The ``group`` of a read mark that marks every group read.
+ALL_GROUPS = "*"
+
+
+def read_mark_documents(receiver_id: int | str, marks: Sequence[tuple[str, Position]]) -> list[dict[str, Any]]:
+    """The ``seen`` documents of read marks: each ``(group key or "*", read through this position)``. They share the
+    seen markers' collection and index; the markers' queries leave them out (``group`` exists only on them)."""
+    return [{"_id": ObjectId(), "receiver_id": receiver_id, "group": group, "event_time": through.event_time,
+             "key": through.id} for group, through in marks]
+
+
+def read_marks_below(cluster: str, receiver_id: int | str, marks: Sequence[tuple[str, Position]],
+                     deadline: float) -> Delete:
+    """The delete of the read marks *marks* make redundant: of each group, those below it (of ``"*"``: of every
+    group)."""
+    branches: list[dict[str, Any]] = []
+    for group, through in marks:
+        which: Any = {"$exists": True} if group == ALL_GROUPS else group
+        branches += [{"group": which, **clause} for clause in older_than(through, "key")["$or"]]
+    return Delete(cluster, "seen", {"receiver_id": receiver_id, "$or": branches}, deadline)
+
+
+def read_marks_find(cluster: str, receiver_id: int | str, groups: Sequence[str], oldest: datetime,
+                    deadline: float) -> Find:
+    """The read marks of *groups* (and of every group) at or above *oldest*."""
+    return Find(cluster, "seen", {"receiver_id": receiver_id, "group": {"$in": [*groups, ALL_GROUPS]},
+                                  "event_time": {"$gte": oldest}}, deadline,
+                projection={"_id": 0, "group": 1, "event_time": 1, "key": 1})
+
+
+def highest_read_marks(docs: Sequence[Mapping[str, Any]]) -> dict[str, tuple[datetime, bytes]]:
+    """The answer to :func:`read_marks_find`: each group's highest mark, as a sortable ``(time, key bytes)``."""
+    marks: dict[str, tuple[datetime, bytes]] = {}
+    for doc in docs:
+        mine = (doc["event_time"], doc["key"].binary)
+        marks[doc["group"]] = max(marks.get(doc["group"], mine), mine)
+    return marks
