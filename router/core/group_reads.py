@@ -17,8 +17,9 @@ its window is used up leaves that to the next page). Last, one ``find`` per
 cluster from the newest down to the oldest group's newest item reads the read marks.
 
 **Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
-group, event_time, key}`` in ``seen``, in the cluster owning the marked position; ``group`` is
-the group's key, or ``"*"`` for every group. A group is read when a mark of its key or ``"*"``
+group, read_time, read_key}`` in ``seen`` (:func:`~router.core.seen.read_mark_documents`: no
+``event_time``, so the seen markers' queries never meet them), in the cluster owning the
+marked position; ``group`` is the group's key, or ``"*"`` for every group. A group is read when a mark of its key or ``"*"``
 is at or above its newest item. A mark then deletes the same receiver's marks below it for
 that key (``"*"``: for every key) in its cluster. Two devices marking at once each insert
 their own; a cleanup removes only marks below its own, so the highest survives, on servers

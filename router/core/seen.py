@@ -40,17 +40,21 @@ from ..errors import InvalidItem
 from ..model import FeedItem
 from ..timemap import TimeMap
 from .layouts import Layout, layout_for, outbox
+from .layouts.base import outside_clause
 from .layouts.copies import older_than
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
 __all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "highest_read_marks", "mark_program", "marker_of",
-           "marker_program", "read_mark_documents", "read_marks_below", "read_marks_find", "unseen_program"]
+           "marker_program", "read_mark_documents", "read_marks_below", "read_marks_find", "unseen_program",
+           "outside"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
 SEEN_SORT = (("event_time", -1), ("key", -1))
-#: Seen markers, not the read marks of groups that share their collection (:mod:`router.core.group_reads`).
-_MARKERS = {"group": {"$exists": False}}
+#: Seen markers, not the read marks of groups that share their collection (:func:`read_mark_documents`): only a
+#: marker has an ``event_time``. As a range of dates, this keeps a marker's ``find`` on the markers' own entries of the
+#: index (a read mark's ``event_time`` is missing, which the index holds as null, below every date).
+_MARKERS = {"event_time": {"$type": "date"}}
 #: The largest ``cap`` an unseen count takes.
 MAX_CAP = 10_000
 
@@ -122,7 +126,7 @@ def mark_program(receiver_id: int | str, position: Position, cluster: str, *, de
         raise outcome.failure.error
     if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
         raise RuntimeError(f"cluster {cluster!r}: the seen marker was refused: {outcome.write_errors[0].message}")
-    mine = {"receiver_id": receiver_id, "group": {"$exists": False}, **older_than(position, "key")}
+    mine = {"receiver_id": receiver_id, **_MARKERS, **older_than(position, "key")}
     cleaned = yield Delete(cluster, "seen", mine, deadline)
     if isinstance(cleaned, Failure):  # the marker is stored; the lower ones left are harmless, and go next time
         log.warning("seen markers below the new one stay for now: %s", cleaned.error, extra={"cluster": cluster})
@@ -194,6 +198,15 @@ def unseen_program(plan: UnseenPlan) -> Program[Unseen]:
     return Unseen(min(total, plan.cap), total > plan.cap, marker, tuple(queried))
 
 
+def outside(start: datetime | None, end: datetime | None) -> list[tuple[dict[str, Any], str]]:
+    """The filters of the ``seen`` documents placed outside ``[start, end)`` (all of them when both are ``None``),
+    each with the field that gives a document's time: the markers by ``event_time``, the read marks of groups by
+    ``read_time`` (each lives in the cluster that owns that time, so a period change must strand neither)."""
+    return [(outside_clause(start, end, earliest="event_time", latest="event_time") or dict(_MARKERS), "event_time"),
+            (outside_clause(start, end, earliest="read_time", latest="read_time") or {"read_time": {"$type": "date"}},
+             "read_time")]
+
+
 # -- read marks of notification groups (router.core.group_reads) ------------------------------
 
 #: The ``group`` of a read mark that marks every group read.
@@ -201,10 +214,13 @@ ALL_GROUPS = "*"
 
 
 def read_mark_documents(receiver_id: int | str, marks: Sequence[tuple[str, Position]]) -> list[dict[str, Any]]:
-    """The ``seen`` documents of read marks: each ``(group key or "*", read through this position)``. They share the
-    seen markers' collection and index; the markers' queries leave them out (``group`` exists only on them)."""
-    return [{"_id": ObjectId(), "receiver_id": receiver_id, "group": group, "event_time": through.event_time,
-             "key": through.id} for group, through in marks]
+    """The ``seen`` documents of read marks: each ``(group key or "*", read through this position)``, as
+    ``{receiver_id, group, read_time, read_key}``. They share the seen markers' collection but not their fields: with
+    no ``event_time`` they sit below every marker in the markers' index ``{receiver_id, event_time, key}``, outside the
+    range of dates a marker's query asks for, so finding the marker never steps over them; the read marks' own
+    queries use ``{receiver_id, group, read_time, read_key}`` (migration 0007)."""
+    return [{"_id": ObjectId(), "receiver_id": receiver_id, "group": group, "read_time": through.event_time,
+             "read_key": through.id} for group, through in marks]
 
 
 def read_marks_below(cluster: str, receiver_id: int | str, marks: Sequence[tuple[str, Position]],
@@ -214,7 +230,8 @@ def read_marks_below(cluster: str, receiver_id: int | str, marks: Sequence[tuple
     branches: list[dict[str, Any]] = []
     for group, through in marks:
         which: Any = {"$exists": True} if group == ALL_GROUPS else group
-        branches += [{"group": which, **clause} for clause in older_than(through, "key")["$or"]]
+        branches += [{"group": which, "read_time": {"$lt": through.event_time}},
+                     {"group": which, "read_time": through.event_time, "read_key": {"$lt": through.id}}]
     return Delete(cluster, "seen", {"receiver_id": receiver_id, "$or": branches}, deadline)
 
 
@@ -222,14 +239,14 @@ def read_marks_find(cluster: str, receiver_id: int | str, groups: Sequence[str],
                     deadline: float) -> Find:
     """The read marks of *groups* (and of every group) at or above *oldest*."""
     return Find(cluster, "seen", {"receiver_id": receiver_id, "group": {"$in": [*groups, ALL_GROUPS]},
-                                  "event_time": {"$gte": oldest}}, deadline,
-                projection={"_id": 0, "group": 1, "event_time": 1, "key": 1})
+                                  "read_time": {"$gte": oldest}}, deadline,
+                projection={"_id": 0, "group": 1, "read_time": 1, "read_key": 1})
 
 
 def highest_read_marks(docs: Sequence[Mapping[str, Any]]) -> dict[str, tuple[datetime, bytes]]:
     """The answer to :func:`read_marks_find`: each group's highest mark, as a sortable ``(time, key bytes)``."""
     marks: dict[str, tuple[datetime, bytes]] = {}
     for doc in docs:
-        mine = (doc["event_time"], doc["key"].binary)
+        mine = (doc["read_time"], doc["read_key"].binary)
         marks[doc["group"]] = max(marks.get(doc["group"], mine), mine)
     return marks

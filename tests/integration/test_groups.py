@@ -264,6 +264,34 @@ def test_groups_across_a_boundary_count_each_item_and_actor_once(router: FeedRou
     assert group.first_time == min(i.event_time for i in items) and group.last_time == max(i.event_time for i in items)
 
 
+def test_read_marks_leave_the_seen_marker_alone(router: FeedRouter) -> None:
+    """Read marks share the seen markers' collection: a cluster holding read marks but no marker is passed over for
+    the older cluster's marker, a receiver with read marks and no marker has none, and a new marker's cleanup keeps
+    every read mark."""
+    r, lone = fresh(), fresh()
+    old, new = P2 - timedelta(days=3), P2 + timedelta(days=3)  # cluster_2, cluster_3
+    router.write_many([like(x, old + timedelta(minutes=m), 10 + m, 1, m) for x in (r, lone) for m in range(3)])
+    router.write_many([like(x, new + timedelta(minutes=m), 20 + m, 2, 10 + m) for x in (r, lone) for m in range(2)])
+    marked = router.read(r, limit=5).items[3]  # cluster_2's second newest
+    router.mark_seen(r, marked)
+    groups = router.read_groups(r).groups
+    router.mark_read(r, [groups[0]])  # through its newest item, and by key through now: both in cluster_3
+    router.mark_read(r, [groups[1].key])
+    router.mark_read(lone, [groups[1].key])
+    router.mark_read(lone, "all")
+    assert router.seen_position(r) == Position(marked.event_time, marked.id)
+    assert router.seen_position(lone) is None
+    assert [router.unseen_count(x).count for x in (r, lone)] == [3, 5]
+    assert [(g.seen, g.read) for g in router.read_groups(r).groups] == [(False, True), (False, True)]
+    assert [router.unseen_groups(x).count for x in (r, lone)] == [2, 2]
+    router.mark_seen(r, router.read(r, limit=1).items[0])  # in cluster_3, beside the read marks: none of them goes
+    assert [(g.seen, g.read) for g in router.read_groups(r).groups] == [(True, True), (True, True)]
+    router.write(like(r, new + timedelta(hours=1), 30, 2, 99))
+    assert [(g.seen, g.read) for g in router.read_groups(r).groups] == [(False, False), (True, True)]
+    assert (router.unseen_count(r).count, router.unseen_groups(r).count) == (1, 1)
+    assert [(g.seen, g.read) for g in router.read_groups(lone).groups] == [(False, True), (False, True)]
+
+
 def race_marks(config: RouterConfig, r: int, marks: Sequence[tuple[str, Position]], tmp_path: Path) -> None:
     """Two groups_child processes mark *marks* read at once, each all of them in its own order: the first by value
     (through each group's newest item), the second by key (through now, higher)."""
@@ -316,6 +344,7 @@ def test_on_ferretdb1_marks_race_safely_and_grouped_reads_say_why_not(ferretdb1:
         marks = [(group_key(by, by.values_of(i), by.window_of(i.event_time)), Position(i.event_time, oid))
                  for i, oid in zip(items, ids)]
         race_marks(config, r, marks, tmp_path)
+        assert router.seen_position(r) is None and router.unseen_count(r).count == 24  # the read marks are no marker
         with pytest.raises(GroupsUnsupported, match="cluster 'cluster_3': grouped reads need a server"):
             router.read_groups(r)
         with pytest.raises(GroupsUnsupported, match="cluster 'cluster_3'"):
@@ -324,7 +353,7 @@ def test_on_ferretdb1_marks_race_safely_and_grouped_reads_say_why_not(ferretdb1:
         stored = list(raw[config.database].seen.find({"receiver_id": r, "group": {"$exists": True}}))
         highest: dict[str, tuple[datetime, bytes]] = {}
         for doc in stored:
-            mine = (doc["event_time"], doc["key"].binary)
+            mine = (doc["read_time"], doc["read_key"].binary)
             highest[doc["group"]] = max(highest.get(doc["group"], mine), mine)
         assert {k: highest.get(k) for k, _ in marks} == {k: TOP for k, _ in marks}  # the key marks, through now, all kept
         raw.drop_database(config.database)
