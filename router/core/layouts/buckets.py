@@ -43,7 +43,7 @@ from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
-from .copies import chunks, in_steps, item_of
+from .copies import DIGEST, chunks, digest, in_steps, item_of
 
 __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD"]
 
@@ -71,10 +71,10 @@ def _append(entry: Entry) -> tuple[dict[str, Any], dict[str, Any]]:
     return match, update
 
 
-def _redata(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The update that gives the copies picked by :func:`_the_key` new data (arrayFilters: the positional ``$``
-    with ``$elemMatch`` is refused by some servers)."""
-    return {"$set": {"items.$[copy].data": data}}
+def _redata(data: Mapping[str, Any], mark: str) -> dict[str, Any]:
+    """The update that gives the copies picked by :func:`_the_key` new data and its digest *mark* (arrayFilters: the
+    positional ``$`` with ``$elemMatch`` is refused by some servers)."""
+    return {"$set": {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": mark}}
 
 
 def _the_key(data_key: str) -> list[dict[str, Any]]:
@@ -120,13 +120,14 @@ class Buckets(Layout):
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
             deadline: float) -> list[Request]:
         out: list[Request] = []
-        for chunk in chunks(ids):
+        mark = digest(data) if data is not None else ""
+        for chunk in chunks(ids, beside=0 if data is None else len(bson.encode(data))):
             if data is None:
                 out.append(Update(cluster, "feed", {"items._id": {"$in": chunk}},
                                   {"$pull": {"items": {"_id": {"$in": chunk}}}}, deadline))
             else:
-                match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, "data": {"$ne": data}}}}
-                out.append(Update(cluster, "feed", match, _redata(data), deadline, array_filters=_the_key(data_key)))
+                match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, DIGEST: {"$ne": mark}}}}
+                out.append(Update(cluster, "feed", match, _redata(data, mark), deadline, array_filters=_the_key(data_key)))
         return out
 
     # -- reads ----------------------------------------------------------------------------------
@@ -193,8 +194,9 @@ class Buckets(Layout):
         if data is None:
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
                                         update={"$pull": {"items": {"data_key": data_key}}}, what=what))
-        match = {"items": {"$elemMatch": {"data_key": data_key, "data": {"$ne": data}}}}
-        return (yield from in_steps(cluster, "feed", match, steps, update=_redata(data),
+        mark = digest(data)  # matched instead of the data, which would make the statement carry it twice
+        match = {"items": {"$elemMatch": {"data_key": data_key, DIGEST: {"$ne": mark}}}}
+        return (yield from in_steps(cluster, "feed", match, steps, update=_redata(data, mark),
                                     array_filters=_the_key(data_key), what=what))
 
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:

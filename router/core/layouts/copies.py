@@ -1,7 +1,7 @@
 """``copies``: one document per copy, the router's first layout (and the default).
 
 A copy is stored as exactly ``{_id, data_key, receiver_id, sender_id, event_time, type,
-data}`` in ``feed`` (the entry itself). A page is one index-ordered ``find`` on
+data}`` in ``feed`` (the entry itself); an update adds ``data_digest`` (:func:`key_edit`). A page is one index-ordered ``find`` on
 ``{receiver_id: 1, event_time: -1, _id: -1}``; a delete or update by key walks the
 ``{data_key: 1}`` index in bounded steps.
 
@@ -18,11 +18,13 @@ in proportion to the matches left.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
+import bson
 from bson import ObjectId
 
 from ...cursor import Position
@@ -31,7 +33,7 @@ from ..policy import deadline_in
 from ..steps import Collection, Count, Delete, Failure, Find, Insert, Program, Request, Update, UpdateOutcome
 from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
 
-__all__ = ["Copies", "IDS_PER_STATEMENT", "PAGE_SORT", "chunks", "older_than", "in_steps"]
+__all__ = ["Copies", "DIGEST", "IDS_PER_STATEMENT", "PAGE_SORT", "chunks", "digest", "older_than", "in_steps"]
 
 log = logging.getLogger(__name__)
 #: The order of a page, and of the index every page query uses.
@@ -40,11 +42,24 @@ PAGE_SORT = (("event_time", -1), ("_id", -1))
 IDS_PER_STATEMENT = 10_000
 #: Steps between two progress lines in the log.
 PROGRESS_EVERY = 10
+#: The field an updated copy (or outbox entry) carries beside its ``data``: :func:`digest` of that data.
+DIGEST = "data_digest"
+#: What one statement may hold: MongoDB's 16 MiB document limit, less room for a key and the operators.
+STATEMENT_BYTES = 16 * 1024 * 1024 - 16 * 1024
+#: What one id takes in an ``$in`` list (an ObjectId, its type and its index key).
+ID_BYTES = 20
 
 
-def chunks(ids: Sequence[Any]) -> list[list[Any]]:
-    """*ids* in lists of at most :data:`IDS_PER_STATEMENT`."""
-    return [list(ids[i:i + IDS_PER_STATEMENT]) for i in range(0, len(ids), IDS_PER_STATEMENT)]
+def chunks(ids: Sequence[Any], *, beside: int = 0) -> list[list[Any]]:
+    """*ids* in lists of at most :data:`IDS_PER_STATEMENT`, fewer when each statement also carries *beside* bytes
+    (new data), so that it stays within :data:`STATEMENT_BYTES`."""
+    size = max(1, min(IDS_PER_STATEMENT, (STATEMENT_BYTES - beside) // ID_BYTES))
+    return [list(ids[i:i + size]) for i in range(0, len(ids), size)]
+
+
+def digest(data: Mapping[str, Any]) -> str:
+    """A digest of *data* as BSON (16 bytes of BLAKE2b, in hex): what an update matches on instead of the data."""
+    return hashlib.blake2b(bson.encode(data), digest_size=16).hexdigest()
 
 
 def older_than(position: Position | None, id_field: str = "_id") -> dict[str, Any]:
@@ -121,18 +136,26 @@ def in_steps(
 
 
 def key_edit(data_key: str, data: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The match and update (None: delete) of every document of *data_key* (copies and outbox entries alike)."""
+    """The match and update (None: delete) of every document of *data_key* (copies and outbox entries alike).
+
+    An update sets ``data`` and its :func:`digest`, and matches the documents whose digest
+    differs (which excludes each document once updated, so a sweep ends and a further call
+    goes on where the last stopped). Matching on the data itself would carry it twice in
+    one statement: data over about 8 MiB would not fit in 16 MiB.
+    """
     if data is None:
         return {"data_key": data_key}, None
-    return {"data_key": data_key, "data": {"$ne": data}}, {"$set": {"data": data}}
+    mark = digest(data)
+    return {"data_key": data_key, DIGEST: {"$ne": mark}}, {"$set": {"data": data, DIGEST: mark}}
 
 
 def fix_requests(cluster: str, collection: Collection, data_key: str, ids: Sequence[Any],
                  data: Mapping[str, Any] | None, deadline: float) -> list[Request]:
-    """Remove (or re-data) the documents of *data_key* among *ids*, a statement per :data:`IDS_PER_STATEMENT`."""
+    """Remove (or re-data) the documents of *data_key* among *ids*, a statement per :data:`IDS_PER_STATEMENT` (fewer
+    ids beside big data)."""
     match, update = key_edit(data_key, data)
     out: list[Request] = []
-    for chunk in chunks(ids):
+    for chunk in chunks(ids, beside=0 if data is None else len(bson.encode(data))):
         # data_key first: FerretDB fetches only that key's documents, then filters the ids
         target = {**match, "_id": {"$in": chunk}}
         out.append(Delete(cluster, collection, target, deadline) if update is None
