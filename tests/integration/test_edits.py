@@ -21,7 +21,7 @@ from pymongo import MongoClient
 
 from router import Activity, DeleteFailed, RouterConfig, UpdateFailed, data_key
 from router.core.checks import MAX_DATA_BYTES
-from router.testing.localservers import LocalClusters
+from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, register
 from .layouts import buckets_config
