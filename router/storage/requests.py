@@ -34,7 +34,7 @@ from ..errors import ClusterUnavailable
 from ..observe import Event
 from .errors import classify
 from .finds import read as read_sync
-from .finds import read_async
+from .finds import WHOLE, read_async
 
 __all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
 
@@ -58,14 +58,18 @@ def call_for(request: IORequest, coll: Any) -> Call:
         limit = {"limit": request.limit} if request.limit else {}
         return (lambda: coll.count_documents(request.filter, **limit)), int
     if isinstance(request, Aggregate):
+        # Whole in the first batch, as a find (router.storage.finds): FerretDB 2's getMore repeats and skips rows of a
+        # streamed pipeline once documents were updated. A result past WHOLE rows (or 16 MiB) is still continued by
+        # getMore: a group's actors where it spans periods (grouped rows, which came back exact there when measured),
+        # or more than WHOLE pulled copies in one window.
         pipeline = list(request.pipeline)
         if inspect.iscoroutinefunction(coll.aggregate):  # the async collection: aggregate is awaited for its cursor
 
             async def aggregate() -> list[dict[str, Any]]:
-                return list(await (await coll.aggregate(pipeline)).to_list())
+                return list(await (await coll.aggregate(pipeline, batchSize=WHOLE)).to_list())
 
             return aggregate, _SENT_AS_IS
-        return (lambda: coll.aggregate(pipeline).to_list()), _SENT_AS_IS
+        return (lambda: coll.aggregate(pipeline, batchSize=WHOLE).to_list()), _SENT_AS_IS
     if isinstance(request, Insert):
         documents = list(request.documents)
         return (lambda: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())

@@ -292,6 +292,34 @@ def test_read_marks_leave_the_seen_marker_alone(router: FeedRouter) -> None:
     assert [(g.seen, g.read) for g in router.read_groups(lone).groups] == [(False, True), (False, True)]
 
 
+def test_aggregates_are_read_in_their_first_batch(make_config: Callable[..., RouterConfig], raw_clients: dict[str, Any],
+                                                  db_name: str) -> None:
+    """A pulled sender's 300 copies in one group (its copies come back whole, 300 rows) and a walk of 150 one-item
+    groups (its rank asks for up to 151 rows), ten copies updated before the reads (what makes FerretDB 2's getMore
+    repeat and skip, docs/ferretdb2-cursor-bug.md): every aggregate comes back whole in its first batch, never by a
+    getMore, and each item counts once."""
+    config = make_config()
+    register(config)
+    log = CommandLog()
+    r, celeb = fresh(), fresh()
+    day = P2 + timedelta(days=12)
+    with FeedRouter(config, clock=lambda: NOW, event_listeners=[log]) as router:
+        router.write_many([FeedItem(receiver_id=r, sender_id=celeb, event_time=day + timedelta(seconds=i), type="post",
+                                    data={"target": i % 2}, data_key=data_key("post", f"{celeb}-{i}"))
+                           for i in range(300)])
+        router.write_many([like(r, day - timedelta(hours=1, seconds=t), 7, t, 1000 + t) for t in range(150)])
+        feed = raw_clients["cluster_3"][db_name].feed
+        for doc in list(feed.find({}, {"_id": 1}, batch_size=1000))[:70:7]:
+            feed.update_one({"_id": doc["_id"]}, {"$inc": {"churned": 1}})
+        log.on = True
+        posts = router.read_groups(r, pull=[celeb], limit=2).groups
+        walked = walk(router, r, GroupBy(), 100)
+        log.on = False
+    assert [(g.values, g.count, g.actor_count) for g in posts] == [(("post", 1), 150, 1), (("post", 0), 150, 1)]
+    assert len(walked) == 152 and len({g.key for g in walked}) == 152
+    assert log.total("aggregate") >= 4 and log.total("getMore") == 0, log.commands
+
+
 def race_marks(config: RouterConfig, r: int, marks: Sequence[tuple[str, Position]], tmp_path: Path) -> None:
     """Two groups_child processes mark *marks* read at once, each all of them in its own order: the first by value
     (through each group's newest item), the second by key (through now, higher)."""
