@@ -40,8 +40,8 @@ import attrs
 import pymongo
 from pymongo.errors import PyMongoError
 
-from ..core.layouts import DEFAULT, LAYOUTS, Layout
-from ..core.layouts.base import outside_clause
+from ..core import checkpoint, seen
+from ..core.layouts import DEFAULT, LAYOUTS, Layout, outbox
 from ..errors import PeriodChangeRefused
 from ..model import ClusterMeta, to_utc
 from ..storage.clusters import Cluster, Clusters
@@ -86,6 +86,8 @@ class PeriodChange:
 #: end would be read as the receiver's marker while newer clusters' items counted as unseen, and a new mark there
 #: would move it backwards; a pulled post there would never be read again.
 TIME_PLACED = ("outbox", "seen", "fanouts")
+#: How each collection of :data:`TIME_PLACED` finds its documents outside a period (its own module knows its fields).
+_OUTSIDE = {"outbox": outbox.outside, "seen": seen.outside, "fanouts": checkpoint.outside}
 
 
 @attrs.frozen
@@ -112,8 +114,7 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
     cluster = clusters[name]
     feed_query, feed_newest = LAYOUTS[layout].outside(start, end)
     asked = [("feed", cluster.feed, feed_query, feed_newest)] + [
-        (collection, cluster.db[collection], outside_clause(start, end, earliest="event_time", latest="event_time"),
-         "event_time") for collection in TIME_PLACED
+        (collection, cluster.db[collection], *_OUTSIDE[collection](start, end)) for collection in TIME_PLACED
     ]
     counts: list[tuple[str, int]] = []
     latest: datetime | None = None

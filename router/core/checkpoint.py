@@ -46,6 +46,7 @@ from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterErr
 from ..model import to_millis
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
+from .layouts.queries import outside_clause
 from .policy import DUPLICATE_KEY, deadline_in
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Update, ask
 
@@ -54,7 +55,7 @@ __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
     "check_batch", "check_checkpoint",
     "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
-]
+"outside", ]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -378,3 +379,9 @@ def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[s
         updated_at=doc.get("updated_at") if isinstance(doc.get("updated_at"), datetime) else None,
         batches_missing=missing, missing_batches=tuple(listed), recorded=recorded, batches_ignored=len(records) - len(ours),
     )
+
+
+def outside(start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
+    """The filter of checkpoints whose activity is outside ``[start, end)``, and the field that gives its time
+    (a checkpoint lives in the cluster that owns its activity's time, like the copies)."""
+    return outside_clause(start, end, earliest="event_time", latest="event_time"), "event_time"

@@ -25,7 +25,7 @@ from router import (
     data_key,
 )
 from router.core.policy import RetryPolicy, deadline_in
-from router.core.layouts import LAYOUTS, entry_of
+from router.core.layouts import LAYOUTS, Copy, CopyList
 from router.core.writes import insert_program
 from router.cursor import CursorState, Position, encode_state
 
@@ -337,15 +337,16 @@ def test_id_collision_gets_a_fresh_id(sync_router: FeedRouter, raw_clients: Clie
     oid = router.write(item(1, P2 + timedelta(days=1), 1))
     newcomer = item(2, P2 + timedelta(days=1), 2)
     n = newcomer
-    doc = entry_of(oid, n.receiver_id, n.sender_id, n.event_time, n.type, n.data, n.data_key)  # the same _id, another item
+    copies = CopyList([Copy(oid, n.receiver_id, n.sender_id, n.event_time, n.type, n.data, n.data_key)])  # the same id
     result = router.clusters.run(
-        insert_program("cluster_3", "feed", [doc], policy=RetryPolicy(), deadline=deadline_in(10), duplicates="check",
-                       layout=LAYOUTS["copies"])
+        insert_program("cluster_3", LAYOUTS["copies"], copies, policy=RetryPolicy(), deadline=deadline_in(10),
+                       duplicates="check")
     )
-    assert result.failed == {} and doc["_id"] != oid and result.renamed == {0: doc["_id"]} and result.written == 1
-    assert doc["_id"].generation_time == oid.generation_time  # same event second
+    fresh = copies.ids[0]
+    assert result.failed == {} and fresh != oid and result.renamed == {0: fresh} and result.written == 1
+    assert fresh.generation_time == oid.generation_time  # same event second
     feed = raw_clients["cluster_3"][db_name].feed
-    assert feed.count_documents({}) == 2 and feed.find_one({"_id": doc["_id"]})["receiver_id"] == 2  # type: ignore[index]
+    assert feed.count_documents({}) == 2 and feed.find_one({"_id": fresh})["receiver_id"] == 2  # type: ignore[index]
 
 
 def test_unreachable_cluster_at_start_up_is_named(make_config: Callable[..., RouterConfig], servers: Any) -> None:

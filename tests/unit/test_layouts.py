@@ -8,7 +8,7 @@ import pytest
 from bson import ObjectId
 
 from router.core.layouts import DEFAULT, LAYOUTS, layout_named
-from router.core.layouts.copies import newer_than, older_than
+from router.core.layouts.queries import newer_than, older_than
 from router.cursor import Position
 from router.errors import InvalidItem
 from router.model import ClusterMeta
