@@ -61,6 +61,7 @@ import yaml
 
 from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
+from .layout_names import DEFAULT as DEFAULT_LAYOUT
 from .layout_names import LAYOUT_NAMES
 from .timemap import ReadWindow
 from .uris import (
@@ -186,7 +187,7 @@ class RolloverConfig:
     lead_time: timedelta = timedelta(days=7)
     standby: tuple[str, ...] = ()
     anchor: datetime = datetime(1970, 1, 1, tzinfo=timezone.utc)
-    layout: str = "copies"
+    layout: str = DEFAULT_LAYOUT
 
 
 @attrs.frozen(kw_only=True)

@@ -38,8 +38,12 @@ from router.core.fanout import FANOUTS_COLLECTION
 from router.ids import copy_id
 from harness.localservers import LocalClusters
 
+from . import stored
 from .conftest import NAMES, NOW, P0, P1, register
 from .fanout_child import ACTIVITY
+
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
 
 UTC = timezone.utc
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,13 +63,12 @@ def people(count: int, start: int = 0) -> Iterator[int]:
 
 
 def counts(clients: Clients, db: str) -> dict[str, int]:
-    return {name: c[db].feed.count_documents({}) for name, c in clients.items()}
+    return {name: stored.count(c[db]) for name, c in clients.items()}
 
 
 def receivers_stored(clients: Clients, db: str, cluster: str = OWNER) -> list[Any]:
     """Every stored receiver_id in *cluster*, read with pymongo (duplicates kept)."""
-    feed = clients[cluster][db].feed
-    return [d["receiver_id"] for d in feed.find({}, {"receiver_id": 1, "_id": 0}, batch_size=10_000)]
+    return [d.receiver_id for d in stored.copies(clients[cluster][db])]
 
 
 def checkpoint(clients: Clients, db: str, job_id: str, cluster: str = OWNER) -> dict[str, Any] | None:
@@ -102,17 +105,21 @@ def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRoute
     assert (status.state, status.batches_done, status.batches_total, status.written) == ("done", n // 1000, n // 1000, n)
 
 
-def test_copies_are_feed_documents_with_deterministic_ids(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
-    """Each copy is a normal feed document: the router reads it, and its _id is copy_id(...)."""
+def test_copies_are_feed_documents_with_deterministic_ids(router: FeedRouter, raw_clients: Clients, db_name: str,
+                                                          layout: str) -> None:
+    """Each copy is stored as its layout stores a copy (a copies period: exactly the copy's fields): the router reads
+    it, and its id is copy_id(...)."""
     act = activity(5)
     router.fan_out(act, [7, "7", 8])
-    doc = raw_clients[OWNER][db_name].feed.find_one({"receiver_id": "7"})
+    if layout == "copies":
+        raw = raw_clients[OWNER][db_name].feed.find_one({"receiver_id": "7"})
+        assert raw is not None and list(raw) == ["_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data"]
+    doc = stored.one(raw_clients[OWNER][db_name], receiver_id="7")
     assert doc is not None
-    assert list(doc) == ["_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data"]
-    assert doc["_id"] == copy_id(int(WHEN.timestamp()), act.data_key, "7")
-    assert doc["_id"].generation_time == WHEN.replace(microsecond=0)
-    assert doc["event_time"] == WHEN.replace(microsecond=WHEN.microsecond // 1000 * 1000)
-    assert doc["data"] == {"fabula_id": 5}
+    assert doc.id == copy_id(int(WHEN.timestamp()), act.data_key, "7")
+    assert doc.id.generation_time == WHEN.replace(microsecond=0)
+    assert doc.event_time == WHEN.replace(microsecond=WHEN.microsecond // 1000 * 1000)
+    assert doc.data == {"fabula_id": 5}
     page = router.read(7, limit=10)
     assert [(i.receiver_id, i.data_key, i.sender_id) for i in page.items] == [(7, act.data_key, 1000765)]
 
@@ -149,7 +156,7 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
         child.kill()
         child.communicate()
     assert child.returncode == -signal.SIGKILL
-    before = raw_clients[OWNER][db_name].feed.count_documents({})
+    before = stored.count(raw_clients[OWNER][db_name])
     assert 5 * batch <= before < n, "the kill did not land halfway"
     doc = checkpoint(raw_clients, db_name, job_id)
     assert doc is not None and doc["status"] == "running"
@@ -276,7 +283,7 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
     assert result.ok and result.written == n and handle.done()
     assert handle.progress.written == n and handle.progress.batches == result.batches == n // 1000
     assert executor.pending == ()
-    assert raw_clients[OWNER][db_name].feed.count_documents({}) == n
+    assert stored.count(raw_clients[OWNER][db_name]) == n
     assert checkpoint(raw_clients, db_name, handle.job_id)["status"] == "done"  # type: ignore[index]
 
 
@@ -338,13 +345,14 @@ def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRo
 
 @pytest.mark.needs_durable_server  # the resume reads the checkpoint written before the restart
 def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
-    make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any]
+    make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any],
+    layout: str,
 ) -> None:
     """The owning cluster dies mid-run: the handle reports the failed receivers; after a restart the resume completes."""
     n, kill_at, batch = 60_000, 20_000, 1000
     with LocalClusters(1, names=["spare"]) as spare:
         config = make_config(uris=[servers.uris[0], spare.uris[0], servers.uris[2]], serverSelectionTimeoutMS=500)
-        register(config)
+        register(config, layout=layout)
 
         def receivers() -> Iterator[int]:
             for i in range(n):
@@ -379,9 +387,9 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
             assert_accounted(resumed, n)
         client: MongoClient[dict[str, Any]] = MongoClient(spare.uris[0])
         try:
-            stored = [d["receiver_id"] for d in client[db_name].feed.find({}, {"receiver_id": 1, "_id": 0}, batch_size=10_000)]
-            assert len(stored) == n and set(stored) == set(range(n))
-            assert set(failed.failed_receivers) <= set(stored)
+            kept = [d.receiver_id for d in stored.copies(client[db_name])]
+            assert len(kept) == n and set(kept) == set(range(n))
+            assert set(failed.failed_receivers) <= set(kept)
             assert client[db_name][FANOUTS_COLLECTION].find_one({"_id": resumed.job_id})["status"] == "done"  # type: ignore[index]
         finally:
             client.close()
@@ -433,10 +441,10 @@ def test_router_fan_out_background_and_horizon(make_router: Callable[..., FeedRo
     handle = router.fan_out(activity(), people(5000), background=True)
     result = handle.result(timeout=120)
     assert result.written == 5000 and handle.done()
-    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 5000
+    assert stored.count(raw_clients["cluster_2"][db_name]) == 5000
 
     router = make_router(refresh=False, rollover=RolloverConfig(lead_time=timedelta(days=7)))
     far = Activity(sender_id=1, event_time=NOW + timedelta(days=30), type=1, data={}, data_key=data_key("f", 99))
     with pytest.raises(StaleMetadata, match="event_time: .* the time map's horizon"):
         router.fan_out(far, people(10))
-    assert raw_clients["cluster_3"][db_name].feed.count_documents({"data_key": data_key("f", 99)}) == 0
+    assert stored.count(raw_clients["cluster_3"][db_name], data_key=data_key("f", 99)) == 0

@@ -24,7 +24,7 @@ newest-first answers by ``(event_time, id)`` strictly after a position; every co
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -164,6 +164,11 @@ class Layout(Writer[CopyBatch]):
     def fan_documents(self, batch: FanBatch) -> list[Any]:
         """:meth:`copy_documents` of one post's copies (a fan-out batch; its copies share one data object)."""
         return self.copy_documents([batch.copy(i) for i in range(len(batch.ids))])
+
+    @abc.abstractmethod
+    def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
+        """The copies stored *documents* of this layout hold (``data`` None where a projection left it out): the
+        mirror of :meth:`copy_documents`, for read-backs and for tools that look at what is stored."""
 
     @abc.abstractmethod
     def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:

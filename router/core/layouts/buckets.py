@@ -66,7 +66,7 @@ the compound form); and ``{items.data_key}`` for edits.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -223,10 +223,11 @@ class Buckets(Layout):
         wanted = {c.id for c in copies}
         docs = yield Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": list(wanted)}},
                           deadline, projection=_IDENTITY)
-        if isinstance(docs, Failure):
-            return docs
-        return [Copy(i["_id"], doc["receiver_id"], i["sender_id"], i["event_time"], i["type"], None, i["data_key"])
-                for doc in docs for i in doc.get("items", ()) if i.get("_id") in wanted]
+        return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
+
+    def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
+        return [Copy(i["_id"], doc["receiver_id"], i["sender_id"], i["event_time"], i["type"], i.get("data"),
+                     i["data_key"]) for doc in documents for i in doc.get("items", ())]
 
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
             deadline: float) -> list[Request]:

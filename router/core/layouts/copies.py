@@ -9,7 +9,7 @@ steps (:func:`~.queries.in_steps`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -57,10 +57,11 @@ class Copies(Layout):
 
     def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:
         docs = yield Find(cluster, "feed", {"_id": {"$in": [c.id for c in copies]}}, deadline)
-        if isinstance(docs, Failure):
-            return docs
+        return docs if isinstance(docs, Failure) else self.copies_of(docs)
+
+    def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
         return [Copy(d["_id"], d["receiver_id"], d["sender_id"], d["event_time"], d["type"], d.get("data"),
-                     d["data_key"]) for d in docs]
+                     d["data_key"]) for d in documents]
 
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
             deadline: float) -> list[Request]:
