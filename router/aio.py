@@ -39,6 +39,7 @@ from .cursor import Position
 from .errors import RouterClosed, RouterError, WriteFailed, WrongEventLoop
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .model import Activity, FeedItem, Page, utcnow
+from .operations import documented
 from .observe import Event, Metrics, Observer
 from .storage.aclusters import AsyncClusters
 from .timemap import TimeMap
@@ -218,8 +219,8 @@ class AsyncFeedRouter:
 
     # -- refresh -----------------------------------------------------------------------
 
+    @documented("refresh", asynchronous=True)
     async def refresh(self) -> TimeMap:
-        """Reload every cluster's metadata; the old map stays in use if this raises (see ``FeedRouter.refresh``)."""
         self._started("refresh")
         self._on_loop("refresh")
         self._enter()
@@ -268,84 +269,93 @@ class AsyncFeedRouter:
 
     # -- writes ------------------------------------------------------------------------
 
+    @documented("write", asynchronous=True)
     async def write(self, item: FeedItem) -> ObjectId:
-        """Store one item in the cluster owning its ``event_time``; return its ``_id`` (see ``FeedRouter.write``)."""
         try:
             return (await self._run("write", lambda v: calls.write_many(v, (item,), indexed=False)))[0]
         except WriteFailed as exc:
             raise exc.failed[0] from exc
 
+    @documented("write_many", asynchronous=True)
     async def write_many(self, items: Iterable[FeedItem]) -> list[ObjectId]:
-        """Store every item; return their ``_id``\\ s in the order given (see ``FeedRouter.write_many``)."""
         return await self._run("write_many", lambda v: calls.write_many(v, items))
 
+    @documented("prepare", asynchronous=True)
     def prepare(self, items: Sequence[FeedItem]) -> Prepared:
-        """The write path without I/O (see ``FeedRouter.prepare``); not a coroutine."""
         return prepare_or_stale(items, self._started("prepare")[1])
 
     # -- reads -------------------------------------------------------------------------
 
+    @documented("read", asynchronous=True)
     async def read(
         self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None,
         pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
     ) -> Page:
-        """One page of *receiver_id*'s feed, newest first (see ``FeedRouter.read``)."""
         return await self._run("read", lambda v: calls.read(
             v, receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull, types=types
         ))
 
     # -- notifications -----------------------------------------------------------------
 
+    @documented("mark_seen", asynchronous=True)
     async def mark_seen(self, receiver_id: int | str, position: Position | FeedItem) -> Position:
-        """Mark everything up to *position* as seen by *receiver_id*; never moves backwards (see ``FeedRouter.mark_seen``)."""
         return await self._run("mark_seen", lambda v: calls.mark_seen(v, receiver_id, position))
 
+    @documented("seen_position", asynchronous=True)
     async def seen_position(self, receiver_id: int | str) -> Position | None:
-        """*receiver_id*'s seen marker, or ``None`` (see ``FeedRouter.seen_position``)."""
         return await self._run("seen_position", lambda v: calls.seen_position(v, receiver_id))
 
+    @documented("unseen_count", asynchronous=True)
     async def unseen_count(self, receiver_id: int | str, *, cap: int = 99, pull: Sequence[int | str] | None = None) -> Unseen:
-        """How many items are newer than the seen marker, up to *cap* (see ``FeedRouter.unseen_count``)."""
         return await self._run("unseen_count", lambda v: calls.unseen_count(v, receiver_id, cap=cap, pull=pull))
 
     # -- edits -------------------------------------------------------------------------
 
+    @documented("delete", asynchronous=True)
     async def delete(self, data_key: str) -> int:
-        """Remove every copy of *data_key* and its outbox entry, every cluster (see ``FeedRouter.delete``)."""
         return await self._run("delete", lambda v: calls.delete(v, data_key))
 
+    @documented("update", asynchronous=True)
     async def update(self, data_key: str, data: Mapping[str, Any]) -> int:
-        """Replace ``data`` in every copy of *data_key* and its outbox entry (see ``FeedRouter.update``)."""
         return await self._run("update", lambda v: calls.update(v, data_key, data))
 
+    @documented("unfollow", asynchronous=True)
     async def unfollow(self, receiver_id: int | str, sender_id: int | str) -> int:
-        """Remove *sender_id*'s copies from *receiver_id*'s feed (see ``FeedRouter.unfollow``)."""
         return await self._run("unfollow", lambda v: calls.unfollow(v, receiver_id, sender_id))
 
     # -- the social half -----------------------------------------------------------------
 
+    @documented("backfill", asynchronous=True)
     async def backfill(
         self, receiver_id: int | str, senders: Sequence[int | str], *, since: datetime | None = None, limit: int = 200,
     ) -> BackfillResult:
-        """Copy the senders' newest outbox entries into *receiver_id*'s feed; at most ``read.max_pull`` senders
-        (see ``FeedRouter.backfill``)."""
         return await self._run("backfill", lambda v: calls.backfill(v, receiver_id, senders, since=since, limit=limit))
 
+    @documented("follow", asynchronous=True)
     async def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
-        """Copy a newly followed sender's newest posts into *receiver_id*'s feed (see ``FeedRouter.follow``)."""
         self._on_loop("follow")
         return await self._run("backfill", lambda v: calls.follow(v, receiver_id, sender_id, limit=limit))
 
+    @overload
+    async def publish(
+        self, activity: Activity, followers: Receivers, *, active: calls.Active | None = ...,
+        pull: bool | None = ..., background: Literal[False] = ..., batch_size: int | None = ...,
+        concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> PublishResult: ...
+
+    @overload
+    async def publish(
+        self, activity: Activity, followers: Receivers, *, active: calls.Active | None = ...,
+        pull: bool | None = ..., background: Literal[True], batch_size: int | None = ...,
+        concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> PublishResult: ...
+
+    @documented("publish", asynchronous=True)
     async def publish(
         self, activity: Activity, followers: Receivers, *, active: calls.Active | None = None,
         pull: bool | None = None, background: bool = False, batch_size: int | None = None,
         concurrency: int | None = None, job_id: str | None = None,
     ) -> PublishResult:
-        """Store *activity* in its author's outbox, then push it or not (see ``FeedRouter.publish``).
-
-        *followers* may be an async iterable; with a pull threshold and no ``pull=``, at most
-        threshold + 1 of them are read to decide, as the sync door does for a stream.
-        """
         self._on_loop("publish")
         with self._observe.call("publish"):
             return await self._publish(activity, followers, active=active, pull=pull, background=background,
@@ -382,24 +392,20 @@ class AsyncFeedRouter:
         job_id: str | None = ...,
     ) -> AsyncFanOutHandle: ...
 
+    @documented("fan_out", asynchronous=True)
     async def fan_out(
         self, activity: Activity, receivers: Receivers, *, background: bool = False,
         active: calls.Active | None = None, batch_size: int | None = None, concurrency: int | None = None,
         job_id: str | None = None,
     ) -> FanOutResult | AsyncFanOutHandle:
-        """Write one copy of *activity* per receiver (an iterable or async iterable; see ``FeedRouter.fan_out``).
-
-        At most ``concurrency`` batches are in flight (an asyncio semaphore);
-        ``background=True`` returns an :class:`~router.fanout.tasks.AsyncFanOutHandle` at once.
-        """
         self._on_loop("fan_out")
         with self._observe.call("fan_out"):
             slots = calls.concurrency(concurrency)
             job = await self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
             return await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
 
+    @documented("plan_fan_out", asynchronous=True)
     async def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
-        """Check *activity* and choose its cluster; nothing is written (see ``FeedRouter.plan_fan_out``)."""
         return await self._run("plan_fan_out", lambda v: calls.plan_fan_out(v, activity, batch_size=batch_size, job_id=job_id))
 
     async def _fan_out_job(
@@ -416,8 +422,8 @@ class AsyncFeedRouter:
         finally:
             self._leave()
 
+    @documented("fan_out_status", asynchronous=True)
     async def fan_out_status(self, job_id: str) -> JobStatus:
-        """A fan-out job's progress from its checkpoint (see ``FeedRouter.fan_out_status``)."""
         return await self._run("fan_out_status", lambda v: calls.fan_out_status(v, job_id))
 
     # -- lifecycle ---------------------------------------------------------------------

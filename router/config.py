@@ -61,8 +61,7 @@ import yaml
 
 from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
-from .layout_names import DEFAULT as DEFAULT_LAYOUT
-from .layout_names import LAYOUT_NAMES
+from .layout_names import DEFAULT as DEFAULT_LAYOUT, LAYOUT_NAMES
 from .timemap import ReadWindow
 from .uris import (
     broker_problem, deployment_identity, masked_uri, redact_uri, uri_database, uri_password, uri_path, uri_problem,

@@ -1,19 +1,46 @@
-"""The two front doors cannot drift: the same public operations, with the same parameters, on each."""
+"""The two front doors cannot drift: the same public operations, with the same parameters, return types, overloads
+and docstrings, on each."""
 
 from __future__ import annotations
 
 import inspect
+import re
+import typing
+from typing import Any
+
+import pytest
 
 from router import AsyncFeedRouter, FeedRouter
+from router.operations import OPERATIONS, docstring
 
 #: Members that exist on one door only, by design: the async door must be started.
 ONLY_ASYNC = {"start"}
 #: Plain (not coroutine) methods on both doors: no I/O.
 PLAIN = {"prepare"}
+#: What the async door calls the sync door's types (the rest of an annotation must read the same).
+ASYNC_NAMES = {"AsyncFeedRouter": "FeedRouter", "AsyncFanOutHandle": "FanOutHandle", "AsyncClusters": "Clusters",
+               "AsyncFanOutExecutor": "FanOutExecutor"}
 
 
 def public(cls: type) -> dict[str, object]:
     return {name: member for name, member in vars(cls).items() if not name.startswith("_")}
+
+
+def shared() -> list[str]:
+    return sorted(public(FeedRouter))
+
+
+def function(member: object) -> Any:
+    """The function behind a member (a property's getter, a classmethod's function)."""
+    if isinstance(member, property):
+        return member.fget
+    return getattr(member, "__func__", member)
+
+
+def mapped(annotation: object) -> str:
+    """An annotation as text, the async door's type names read as the sync door's."""
+    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    return re.sub(r"\b(" + "|".join(ASYNC_NAMES) + r")\b", lambda m: ASYNC_NAMES[m.group(1)], text)
 
 
 def test_same_operations_on_both_doors() -> None:
@@ -35,6 +62,50 @@ def test_same_parameters_on_both_doors() -> None:
         async_sig = inspect.signature(async_member)  # type: ignore[arg-type]
         strip = [(p.name, p.kind, p.default) for p in sync_sig.parameters.values()]
         assert strip == [(p.name, p.kind, p.default) for p in async_sig.parameters.values()], name
+
+
+@pytest.mark.parametrize("name", shared())
+def test_same_return_types_on_both_doors(name: str) -> None:
+    """Each operation returns the same type on both doors (what the async door's coroutine returns), the async
+    door's own classes read as the sync door's (AsyncFanOutHandle as FanOutHandle, ...)."""
+    sync_fn, async_fn = function(public(FeedRouter)[name]), function(public(AsyncFeedRouter)[name])
+    sync_ret = inspect.signature(sync_fn).return_annotation
+    async_ret = inspect.signature(async_fn).return_annotation
+    assert sync_ret is not inspect.Signature.empty, f"FeedRouter.{name} has no return annotation"
+    assert mapped(async_ret) == mapped(sync_ret), name
+
+
+@pytest.mark.parametrize("name", shared())
+def test_same_overloads_on_both_doors(name: str) -> None:
+    """An operation overloaded on one door is overloaded alike on the other: the same parameters (names, kinds) and
+    the same return type for each overload, in order."""
+    def shapes(fn: Any) -> list[tuple[list[tuple[str, Any, str]], str]]:
+        return [([(p.name, p.kind, mapped(p.annotation) if p.name == "background" else "") for p in
+                  inspect.signature(o).parameters.values()], mapped(inspect.signature(o).return_annotation))
+                for o in typing.get_overloads(fn)]
+
+    sync_fn, async_fn = function(public(FeedRouter)[name]), function(public(AsyncFeedRouter)[name])
+    assert shapes(async_fn) == shapes(sync_fn), name
+
+
+@pytest.mark.parametrize("name", shared())
+def test_both_doors_document_each_member(name: str) -> None:
+    """Each public member has a real docstring on both doors (what help() shows), not a pointer to the other door."""
+    for door in (FeedRouter, AsyncFeedRouter):
+        doc = inspect.getdoc(function(public(door)[name])) or ""
+        assert doc.strip(), f"{door.__name__}.{name} has no docstring"
+        assert not re.search(r"\bsee ``?(Async)?FeedRouter\.", doc, re.I), f"{door.__name__}.{name} points elsewhere: {doc!r:.120}"
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_shared_operations_are_documented_once_for_both_doors(name: str) -> None:
+    """The operations both doors share take their docstrings from one text (router.operations): the same words on
+    each door, the async door's examples awaited and its own notes added after."""
+    sync_doc = function(public(FeedRouter)[name]).__doc__
+    async_doc = function(public(AsyncFeedRouter)[name]).__doc__
+    assert sync_doc == docstring(name) and async_doc == docstring(name, asynchronous=True)
+    assert async_doc.startswith(sync_doc.split("\n", 1)[0])
+    assert "await " not in sync_doc and ("feeds." not in sync_doc or "await feeds." in async_doc)
 
 
 def test_async_door_operations_are_coroutines() -> None:

@@ -220,7 +220,7 @@ class Buckets(Layout):
 
     def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:
         receivers = list({c.receiver_id: None for c in copies})
-        wanted = {c.id for c in copies}
+        wanted = {c.id: None for c in copies}
         docs = yield Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": list(wanted)}},
                           deadline, projection=_IDENTITY)
         return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
