@@ -326,7 +326,9 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
     def where(past: PastHorizon) -> tuple[datetime, str]:
         return items[past.index or 0].event_time, f"items[{past.index}].event_time" if indexed else "event_time"
 
-    prepared = yield from routed(lambda r: prepare(items, r, indexed=indexed), routing, where=where)
+    # The map the items were routed by (refreshed, past the horizon) also says each period's layout: a new period's
+    # copies are stored in its own layout, not in the one an older map gave a cluster it did not know.
+    prepared, routing = yield from routed(lambda r: (prepare(items, r, indexed=indexed), r), routing, where=where)
     deadline = deadline_in(settings.timeout)  # after any refresh, which has a deadline of its own
     ids = prepared.ids
     if not prepared.batches:

@@ -411,7 +411,7 @@ def test_delete_removes_every_copy_of_a_fan_out(
     other = router.fan_out(activity(10), people(100))
     result = router.fan_out(act, people(n))
     assert result.written == n and other.written == 100
-    with caplog.at_level(logging.INFO, logger="router.core.layouts.copies"):  # the copies layout logs its steps
+    with caplog.at_level(logging.INFO, logger="router.core.layouts.queries"):  # every layout's edits log their steps
         assert router.delete(act.data_key) == n
     assert "cluster cluster_2: delete " in caplog.text and "in steps of about 10000" in caplog.text
     assert counts(raw_clients, db_name) == {"cluster_1": 0, "cluster_2": 100, "cluster_3": 0}

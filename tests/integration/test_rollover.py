@@ -280,7 +280,7 @@ def test_refresh_keeps_going_when_an_unrelated_cluster_is_down(env3: Env, open_r
         env3.local.servers[0].restart()
 
 
-def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env) -> None:
+def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env, layout: str) -> None:
     """A crash after closing cluster_2 at B but before opening cluster_3: the next tick finishes it."""
     with Clusters(env3.config) as clusters:
         clusters["cluster_2"].write_meta(ClusterMeta(name="cluster_2", start_date=P1, end_date=B, creator_name="t"))
@@ -289,7 +289,8 @@ def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env) -> None:
     lines = scheduler.tick()
     scheduler.close()
     assert scheduler.last_error is None, scheduler.last_error
-    assert "write metadata of cluster 'cluster_3': [2024-05-01T00:00:00Z, open)" in lines
+    named = "" if layout == DEFAULT else f", layout {layout}"
+    assert f"write metadata of cluster 'cluster_3': [2024-05-01T00:00:00Z, open){named}" in lines
     assert env3.meta()["cluster_3"][0]["start_date"] == B
 
 

@@ -219,10 +219,11 @@ class Buckets(Layout):
         return Upserts(cluster, "feed", [_append(slot, again) for slot in documents], deadline)
 
     def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:
-        receivers = list({c.receiver_id: None for c in copies})
+        # By id alone, whatever the receiver: a duplicate may be another receiver's copy under the same id (a drawn id
+        # that collided), which the unique copy_id index refuses too; read back under our receiver only, it would look
+        # absent and be sent again, forever. (A rare path: only duplicates are read back.)
         wanted = {c.id: None for c in copies}
-        docs = yield Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": list(wanted)}},
-                          deadline, projection=_IDENTITY)
+        docs = yield Find(cluster, "feed", {"items._id": {"$in": list(wanted)}}, deadline, projection=_IDENTITY)
         return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
 
     def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
