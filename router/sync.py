@@ -92,7 +92,7 @@ class FeedRouter:
     client (pymongo command monitoring, ``opentelemetry-instrumentation-pymongo``);
     *metrics* receives the router's events (:mod:`router.observe`), and *tracer_provider*
     (OpenTelemetry) gets a span per call and per request. Every call waits at most
-    ``timeout`` (clusters.yaml) for any cluster; see the README's guarantees.
+    ``timeout`` (clusters.yaml) for any cluster; see "Guarantees under faults" in the docs.
     """
 
     def __init__(
