@@ -37,7 +37,6 @@ from .cursor import Position
 from .errors import RouterClosed, RouterError, WriteFailed
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
 from .model import Activity, FeedItem, Page, utcnow
-from .operations import documented
 from .observe import Event, Metrics, Observer
 from .storage.clusters import Clusters
 from .timemap import TimeMap
@@ -172,8 +171,12 @@ class FeedRouter:
 
     # -- refresh -----------------------------------------------------------------------
 
-    @documented("refresh")
     def refresh(self) -> TimeMap:
+        """Reload every cluster's metadata; the old map stays in use if this raises.
+
+        A cluster that does not answer keeps its last known period. The map and the time
+        its load began are replaced together, and never by an older load.
+        """
         with self._calls.call("refresh"), self._observe.call("refresh"):
             return self._refresh().timemap
 
@@ -212,70 +215,130 @@ class FeedRouter:
 
     # -- writes ------------------------------------------------------------------------
 
-    @documented("write")
     def write(self, item: FeedItem) -> ObjectId:
+        """Store one item in the cluster owning its ``event_time``; return its ``_id``.
+
+        Raises :class:`InvalidItem`, :class:`NoClusterForTime`, :class:`StaleMetadata` or
+        :class:`ClusterUnavailable` (``from`` the :class:`WriteFailed` that holds the id).
+        """
         try:
             return self._run("write", calls.write_many(self._view(), (item,), indexed=False))[0]
         except WriteFailed as exc:
             raise exc.failed[0] from exc
 
-    @documented("write_many")
     def write_many(self, items: Iterable[FeedItem]) -> list[ObjectId]:
+        """Store every item; return their ``_id``\\ s in the order given.
+
+        All items are checked and routed before anything is written: one invalid item
+        (:class:`InvalidItem`) or one no period owns (:class:`NoClusterForTime`) rejects the
+        whole call and changes no cluster. Items are then grouped per cluster and sent as
+        unordered ``insert_many`` batches of ``write.batch_size``, clusters concurrently.
+        If some are not confirmed written, :class:`WriteFailed` says which (by index) and
+        why, with every item's id; the others are stored. An item with ``id`` set is
+        stored under that id (a repeat of a stored item is found, not stored twice).
+        """
         return self._run("write_many", calls.write_many(self._view(), items))
 
-    @documented("prepare")
     def prepare(self, items: Sequence[FeedItem]) -> Prepared:
+        """The write path without I/O: check, route, id and build every item (for measuring, or to inspect).
+
+        Raises what :meth:`write_many` raises for bad input, and :class:`StaleMetadata` for
+        an item past the map's horizon (:meth:`write_many` would refresh once first).
+        """
         return prepare_or_stale(items, self._routing)
 
     # -- reads -------------------------------------------------------------------------
 
-    @documented("read")
     def read(
         self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None,
         pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
     ) -> Page:
+        """One page of *receiver_id*'s feed, newest first by ``(event_time, _id)``.
+
+        The newest cluster in the read window is asked first; an older one only while
+        the page is not full. Pass ``next_cursor`` for the next page (``None`` once the
+        window is exhausted). *pull* merges in the outboxes of those senders (authors
+        whose posts are not copied to followers), each post once. *on_unavailable*
+        (default ``read.on_unavailable``): ``"raise"`` raises :class:`ClusterUnavailable`
+        for a cluster the page needs; ``"partial"`` serves the rest, marks the page
+        ``partial`` and owes that cluster's items to later pages. *types* keeps only items
+        of those types (a notification feed's filter): pages stay full and cursors work as
+        without it.
+        """
         return self._run("read", calls.read(
             self._view(), receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull, types=types
         ))
 
     # -- notifications -----------------------------------------------------------------
 
-    @documented("mark_seen")
     def mark_seen(self, receiver_id: int | str, position: Position | FeedItem) -> Position:
+        """Mark everything up to *position* (an item of a page, or its :class:`Position`) as seen by *receiver_id*.
+
+        Example::
+
+            page = feeds.read(7, limit=20)
+            feeds.mark_seen(7, page.items[0])          # the newest item shown
+            feeds.unseen_count(7).count                # 0 until something newer arrives
+
+        The marker never moves backwards: marking an older position, or two devices
+        marking at once, leaves the highest one. It lives in the cluster that owns its time,
+        so it survives rollovers.
+        """
         return self._run("mark_seen", calls.mark_seen(self._view(), receiver_id, position))
 
-    @documented("seen_position")
     def seen_position(self, receiver_id: int | str) -> Position | None:
+        """*receiver_id*'s seen marker, or ``None`` if nothing in the read window was marked."""
         return self._run("seen_position", calls.seen_position(self._view(), receiver_id))
 
-    @documented("unseen_count")
     def unseen_count(self, receiver_id: int | str, *, cap: int = 99, pull: Sequence[int | str] | None = None) -> Unseen:
+        """How many items are newer than the seen marker, stopping past *cap* (``capped``: show "99+").
+
+        Asks the newest cluster first and never one older than the marker; with *pull*, the
+        pulled senders' outbox posts count too, each post once.
+        """
         return self._run("unseen_count", calls.unseen_count(self._view(), receiver_id, cap=cap, pull=pull))
 
     # -- edits -------------------------------------------------------------------------
 
-    @documented("delete")
     def delete(self, data_key: str) -> int:
+        """Remove every copy of the item *data_key*, and its outbox entry, from every cluster; return how many copies.
+
+        Works in bounded steps, clusters concurrently, after leaving a tombstone in each
+        cluster: fan-outs still running remove what they write afterwards and stop, and the
+        key is never fanned out or published again (:class:`ItemDeleted`). If some cluster
+        fails, :class:`DeleteFailed` says which and how many were removed; run it again to finish.
+        """
         return self._run("delete", calls.delete(self._view(), data_key))
 
-    @documented("update")
     def update(self, data_key: str, data: Mapping[str, Any]) -> int:
+        """Replace ``data`` in every copy of *data_key* and in its outbox entry; return how many changed.
+
+        Same steps and failure rules as :meth:`delete` (:class:`UpdateFailed`); repeatable.
+        Recorded in each cluster's edit fence first, so copies that fan-outs still running
+        write afterwards get the new data too.
+        """
         return self._run("update", calls.update(self._view(), data_key, data))
 
-    @documented("unfollow")
     def unfollow(self, receiver_id: int | str, sender_id: int | str) -> int:
+        """Remove *sender_id*'s copies from *receiver_id*'s feed in every cluster of the read window; return how many."""
         return self._run("unfollow", calls.unfollow(self._view(), receiver_id, sender_id))
 
     # -- the social half -----------------------------------------------------------------
 
-    @documented("backfill")
     def backfill(
         self, receiver_id: int | str, senders: Sequence[int | str], *, since: datetime | None = None, limit: int = 200,
     ) -> BackfillResult:
+        """Copy the senders' newest outbox entries (newer than *since*, at most *limit*) into *receiver_id*'s feed.
+
+        Rebuilds a dormant user's inbox on return. Copies have fan-out's ids, so running it
+        again, or while a fan-out of the same post runs, leaves one copy each. At most
+        ``read.max_pull`` distinct senders (default 1,000) per call: more is
+        :class:`InvalidItem` (``senders: at most 1000 senders per backfill ...``).
+        """
         return self._run("backfill", calls.backfill(self._view(), receiver_id, senders, since=since, limit=limit))
 
-    @documented("follow")
     def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
+        """Copy the *limit* newest posts of a newly followed *sender_id* into *receiver_id*'s feed (a :meth:`backfill`)."""
         return self._run("backfill", calls.follow(self._view(), receiver_id, sender_id, limit=limit))
 
     @overload
@@ -292,12 +355,19 @@ class FeedRouter:
         concurrency: int | None = ..., job_id: str | None = ...,
     ) -> PublishResult: ...
 
-    @documented("publish")
     def publish(
         self, activity: Activity, followers: Iterable[int | str], *, active: calls.Active | None = None,
         pull: bool | None = None, background: bool = False, batch_size: int | None = None,
         concurrency: int | None = None, job_id: str | None = None,
     ) -> PublishResult:
+        """Store *activity* in its author's outbox, then push it to the (active) followers or, for a pulled author, not.
+
+        ``pull=True``/``False`` decides; else ``fanout.pull_threshold`` applied to the
+        follower count (see :mod:`router.core.social`). The push is :meth:`fan_out`
+        (``background=True`` puts its handle in ``result.handle``). Raises what
+        :meth:`fan_out` raises; the outbox entry stays if the push fails, and publishing
+        again is safe.
+        """
         with self._observe.call("publish"):
             return self._publish(activity, followers, active=active, pull=pull, background=background,
                                  batch_size=batch_size, concurrency=concurrency, job_id=job_id)
@@ -330,19 +400,35 @@ class FeedRouter:
         job_id: str | None = ...,
     ) -> FanOutHandle: ...
 
-    @documented("fan_out")
     def fan_out(
         self, activity: Activity, receivers: Iterable[int | str], *, background: bool = False,
         active: calls.Active | None = None, batch_size: int | None = None, concurrency: int | None = None,
         job_id: str | None = None,
     ) -> FanOutResult | FanOutHandle:
+        """Write one copy of *activity* per receiver into the cluster owning its ``event_time``.
+
+        Example::
+
+            result = feeds.fan_out(activity, followers(author), active=active_ids)
+            handle = feeds.fan_out(activity, followers(author), background=True)
+
+        Streaming (at most ``concurrency`` batches of ``batch_size`` in flight), idempotent
+        (derived ids: a rerun stores nothing twice) and resumable (a checkpoint per job in
+        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime` or
+        :class:`StaleMetadata` before writing anything, :class:`ItemDeleted` (from
+        ``result()`` in background mode) for a post that was deleted, before or while it runs
+        (``.result`` says how far it got), and :class:`FanOutFailed` (with ``.result``) if
+        receivers are left without a copy.
+        """
         with self._observe.call("fan_out"):
             slots = calls.concurrency(concurrency)
             job = self.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
             return self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
 
-    @documented("plan_fan_out")
     def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
+        """Check *activity* and choose its cluster: the job :meth:`fan_out`, :meth:`publish` and other engines
+        (:mod:`router.fanout.celery`) run. Nothing is written; raises as :meth:`fan_out` does before writing.
+        """
         return self._run("plan_fan_out", calls.plan_fan_out(self._view(), activity, batch_size=batch_size, job_id=job_id))
 
     def _fan_out_job(
@@ -355,8 +441,11 @@ class FeedRouter:
         with self._calls.call("fan_out"):
             return run.run(receivers)
 
-    @documented("fan_out_status")
     def fan_out_status(self, job_id: str) -> JobStatus:
+        """A fan-out job's progress from its checkpoint (any process's job), looked up in every cluster.
+
+        Raises :class:`InvalidItem` if no cluster has a job *job_id*.
+        """
         return self._run("fan_out_status", calls.fan_out_status(self._view(), job_id))
 
     # -- lifecycle ---------------------------------------------------------------------

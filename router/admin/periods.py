@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import attrs
 import pymongo

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 from bson import ObjectId
@@ -38,7 +38,7 @@ from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
 from .layouts import Inbox, Layout, Post, layout_for, outbox
 from .policy import turn_deadline
-from .steps import Concurrently, Failure, Find, Program, Report, ask
+from .steps import Concurrently, Failure, Program, Report
 
 __all__ = ["MAX_WAVE", "ReadPlan", "read_program"]
 
