@@ -169,8 +169,8 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
     # The server may finish the dead client's last insert_many after the kill, so `before` is a
     # lower bound: those copies are not in the checkpoint and come back as already_present.
     assert result.written <= n - before
-    stored = receivers_stored(raw_clients, db_name)
-    assert len(stored) == n and len(set(stored)) == n and set(stored) == set(range(1_000_000, 1_000_000 + n))
+    kept = receivers_stored(raw_clients, db_name)
+    assert len(kept) == n and len(set(kept)) == n and set(kept) == set(range(1_000_000, 1_000_000 + n))
     assert checkpoint(raw_clients, db_name, job_id)["status"] == "done"  # type: ignore[index]
 
 
@@ -203,8 +203,8 @@ def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients
     assert sum(r.written for r in results) == n  # each copy acknowledged as written to exactly one run
     if not same_job:
         assert sum(r.already_present for r in results) == n  # ...and found present by the other
-    stored = receivers_stored(raw_clients, db_name)
-    assert len(stored) == n and len(set(stored)) == n
+    kept = receivers_stored(raw_clients, db_name)
+    assert len(kept) == n and len(set(kept)) == n
 
 
 @pytest.mark.parametrize("kind", ["set", "predicate"])
@@ -214,8 +214,8 @@ def test_inactive_receivers_get_nothing(router: FeedRouter, raw_clients: Clients
     active: Any = frozenset(range(0, n, 2)) if kind == "set" else (lambda r: r % 2 == 0)
     result = router.fan_out(activity(), people(n), active=active)
     assert (result.written, result.skipped, result.failed) == (n // 2, n // 2, 0)
-    stored = receivers_stored(raw_clients, db_name)
-    assert len(stored) == n // 2 and all(r % 2 == 0 for r in stored)
+    kept = receivers_stored(raw_clients, db_name)
+    assert len(kept) == n // 2 and all(r % 2 == 0 for r in kept)
     # A resume with more receivers marked inactive skips nothing it already did, and removes nothing.
     again = router.fan_out(activity(), people(n), active=frozenset())
     assert again.resumed == n and again.batches == 0
