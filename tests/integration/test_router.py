@@ -81,7 +81,8 @@ def test_every_document_sits_in_the_cluster_owning_its_time(make_router: Callabl
     """Checked with pymongo directly (read through the layout): each copy is in its period's cluster, and only there;
     a copies period stores exactly the copy's fields. (3,000 items to 20 receivers: generous timeouts, for buckets
     on a loaded machine.)"""
-    router = make_router(timeout=timedelta(seconds=60), connectTimeoutMS=30_000, socketTimeoutMS=60_000)
+    router = make_router(timeout=timedelta(seconds=60), connectTimeoutMS=30_000, socketTimeoutMS=60_000,
+                         serverSelectionTimeoutMS=30_000)
     rng = random.Random(7)
     times = [P0 + timedelta(seconds=rng.randrange(int((NOW - P0).total_seconds()))) for _ in range(3000)]
     times += [P1, P2, P1 - timedelta(milliseconds=1), P2 - timedelta(milliseconds=1)]  # the boundaries
