@@ -39,7 +39,7 @@ from router.ids import copy_id
 from harness.localservers import LocalClusters
 
 from . import stored
-from .conftest import NAMES, NOW, P0, P1, register
+from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, register
 from .fanout_child import ACTIVITY
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -86,6 +86,7 @@ def assert_accounted(result: FanOutResult, total: int) -> None:
     assert result.written + result.already_present + result.skipped + result.failed + result.resumed == total
 
 
+@MANY_COPIES
 def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A generator of 200k receivers: exactly 200k documents, all in the cluster owning event_time."""
     n = 200_000
@@ -133,6 +134,7 @@ def test_no_owning_cluster_writes_nothing(router: FeedRouter, raw_clients: Clien
     assert all(c[db_name][FANOUTS_COLLECTION].count_documents({}) == 0 for c in raw_clients.values())
 
 
+@MANY_COPIES
 def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
     """A real process fanning out to 100k is SIGKILLed halfway; the re-run ends with exactly one copy per receiver."""
     n, batch = 100_000, 1000
@@ -174,6 +176,7 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
     assert checkpoint(raw_clients, db_name, job_id)["status"] == "done"  # type: ignore[index]
 
 
+@MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
     """The same fan-out run twice at once (two threads): every copy stored once, acknowledged once."""
@@ -248,6 +251,7 @@ def test_resume_with_another_batch_size_is_refused(router: FeedRouter) -> None:
         router.fan_out(activity(2), people(10), job_id="shared")
 
 
+@MANY_COPIES
 def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A background job shows its progress growing while it runs, then completes.
 
@@ -395,6 +399,7 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
             client.close()
 
 
+@MANY_COPIES
 def test_delete_removes_every_copy_of_a_fan_out(
     router: FeedRouter, raw_clients: Clients, db_name: str, door: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -27,7 +27,7 @@ from router.model import to_millis as millis
 from harness.bench_celery import WorkerProcess
 
 from . import stored
-from .conftest import NAMES, NOW, P1, register
+from .conftest import MANY_COPIES, NAMES, NOW, P1, register
 from .test_celery import broker, broker_idle, broker_url, wait_for, workers  # noqa: F401 - fixtures
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -142,6 +142,7 @@ def test_delete_then_resume_or_publish_again_is_refused(router: FeedRouter, raw_
     assert (status.state, status.reason) == ("cancelled", "deleted")
 
 
+@MANY_COPIES
 def test_update_during_a_background_fan_out_reaches_every_copy(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """update() returns while a fan-out has receivers left: once it ends, every copy and the outbox entry carry the
     new data (the batch that meets the update re-applies it; the next ones write it)."""

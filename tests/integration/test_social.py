@@ -24,7 +24,7 @@ from harness.localservers import LocalClusters
 from router.core.layouts import Copy
 
 from . import stored
-from .conftest import NAMES, NOW, P0, P1, P2, PERIODS, register
+from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, P2, PERIODS, register
 from .doors import AsyncDoor
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -281,6 +281,7 @@ def test_follow_copies_the_newest_posts(router: FeedRouter, raw_clients: Clients
     assert {i.sender_id for i in router.read(5).items} == {21}
 
 
+@MANY_COPIES
 def test_backfill_racing_a_fan_out_leaves_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """The same post fanned out to 20k followers while a backfill copies it to some of them: one copy each."""
     act = post(31, 1, P2 + timedelta(days=4))
@@ -407,6 +408,8 @@ class Model:
                                                                                k, user).binary), reverse=True)
 
 
+@pytest.mark.unheld("javaserver", "buckets", reason="each example starts by deleting every document, which "
+                   "mongo-java-server fails for a bucket emptied by an edit (Found no position ... in MemoryUniqueIndex)")
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=ops, limit=st.sampled_from([1, 2, 5, 50]))
 def test_random_social_graph_reads_match_the_model(
