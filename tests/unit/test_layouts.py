@@ -6,11 +6,14 @@ import ast
 from datetime import datetime, timezone
 from pathlib import Path
 
+import bson
 import pytest
 from bson import ObjectId
 
 from router.core.layouts import DEFAULT, LAYOUTS, layout_named
+from router.core.checks import MAX_DATA_BYTES
 from router.core.layouts.queries import newer_than, older_than
+from router.core.steps import Update
 from router.cursor import Position
 from router.errors import InvalidItem
 from router.model import ClusterMeta
@@ -62,6 +65,7 @@ OTHER_DOCUMENTS = {
     "core/metadata.py": ({"_id"}, "metadata documents"),
     "model.py": ({"_id"}, "metadata documents (ClusterMeta.to_document)"),
     "storage/clusters.py": ({"_id"}, "metadata documents"),
+    "storage/finds.py": ({"_id"}, "any collection's documents: _id ends the order a read continues in"),
     "admin/rollover.py": ({"_id"}, "the rollover lock"),
     "admin/migrate.py": ({"_id"}, "migration records, metadata documents"),
     "cli/__init__.py": ({"receiver_id", "event_time"}, "the CLI's --json output"),
@@ -116,3 +120,22 @@ def test_only_the_layouts_ask_for_the_feed_and_the_outbox() -> None:
                 if any(isinstance(a, ast.Constant) and a.value in ("feed", "outbox") for a in named):
                     problems.append(f"router/{path.relative_to(ROUTER).as_posix()}:{node.lineno}")
     assert not problems, problems
+
+
+@pytest.mark.parametrize("layout", ["copies", "buckets"])
+def test_fixing_copies_with_the_largest_data_keeps_every_statement_within_16_mib(layout: str) -> None:
+    """The requests that re-data 10,000 just-written copies with data of MAX_DATA_BYTES: each statement (filter,
+    update and array filters) fits in 16 MiB, carrying the data once, and together they name every id."""
+    data = {"fill": "x" * (MAX_DATA_BYTES - 64)}
+    ids = [ObjectId() for _ in range(10_000)]
+    requests = layout_named(layout).fix("c", "k" * 1024, ids, data, 0.0)
+    assert all(isinstance(r, Update) for r in requests)
+    named: list[ObjectId] = []
+    for request in requests:
+        assert isinstance(request, Update)
+        statement = {"q": request.filter, "u": request.update, "arrayFilters": request.array_filters or []}
+        assert len(bson.encode(statement)) <= 16 * 1024 * 1024
+        assert bson.encode(request.filter).count(b"x" * 1000) == 0  # the data is not matched on
+        found = request.filter.get("_id") or request.filter["items"]["$elemMatch"]["_id"]
+        named.extend(found["$in"])
+    assert named == ids

@@ -2,9 +2,9 @@
 
 A copy is stored as exactly ``{_id, data_key, receiver_id, sender_id, event_time, type,
 data}`` in ``feed``, built here from a :class:`~.values.Copy` (or a batch of them) and read
-back here. A page is one index-ordered ``find`` on ``{receiver_id: 1, event_time: -1,
-_id: -1}``; a delete or update by key walks the ``{data_key: 1, _id: 1}`` index in bounded
-steps (:func:`~.queries.in_steps`).
+back here; an update adds ``data_digest`` (:func:`~.queries.key_edit`). A page is one
+index-ordered ``find`` on ``{receiver_id: 1, event_time: -1, _id: -1}``; a delete or update
+by key walks the ``{data_key: 1, _id: 1}`` index in bounded steps (:func:`~.queries.in_steps`).
 """
 
 from __future__ import annotations
