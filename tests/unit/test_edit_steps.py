@@ -1,4 +1,4 @@
-"""Edits in steps (router.core.layouts.copies.in_steps) against a scripted store that runs out of time on big steps."""
+"""Edits in steps (router.core.layouts.queries.in_steps) against a scripted store that runs out of time on big steps."""
 
 from __future__ import annotations
 
