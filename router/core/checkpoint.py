@@ -46,6 +46,7 @@ from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterErr
 from ..model import to_millis
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
+from .layouts.queries import outside_clause
 from .policy import DUPLICATE_KEY, deadline_in
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Update, ask
 
@@ -53,8 +54,8 @@ from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcom
 __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
     "check_batch", "check_checkpoint",
-    "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
-]
+    "done_batches", "find_job", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
+"outside", ]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -214,6 +215,16 @@ def read_batches(cluster: str, job_id: str, *, deadline: float) -> Program[list[
     if isinstance(found, Failure):
         raise found.error
     return found
+
+
+def find_job(cluster: str, job_id: str, *, deadline: float) -> Program[tuple[JobStatus, str] | Failure | None]:
+    """Job *job_id*'s status in *cluster*, from its checkpoint and batch records, with its post's ``data_key``; None
+    when *cluster* holds no such job."""
+    found = yield Find(cluster, "fanouts", {"_id": job_id}, deadline, limit=1)
+    if isinstance(found, Failure) or not found:
+        return found if isinstance(found, Failure) else None
+    records = yield from read_batches(cluster, job_id, deadline=deadline)
+    return job_status(cluster, found[0], records), str(found[0].get("data_key"))
 
 
 def done_batches(records: Iterable[Mapping[str, Any]]) -> set[int]:
@@ -378,3 +389,9 @@ def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[s
         updated_at=doc.get("updated_at") if isinstance(doc.get("updated_at"), datetime) else None,
         batches_missing=missing, missing_batches=tuple(listed), recorded=recorded, batches_ignored=len(records) - len(ours),
     )
+
+
+def outside(start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
+    """The filter of checkpoints whose activity is outside ``[start, end)``, and the field that gives its time
+    (a checkpoint lives in the cluster that owns its activity's time, like the copies)."""
+    return outside_clause(start, end, earliest="event_time", latest="event_time"), "event_time"

@@ -40,8 +40,7 @@ from ..errors import InvalidItem
 from ..model import FeedItem
 from ..timemap import TimeMap
 from .layouts import Layout, layout_for, outbox
-from .layouts.base import outside_clause
-from .layouts.copies import older_than
+from .layouts.queries import older_than, outside_clause
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
 __all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "highest_read_marks", "mark_program", "marker_of",
@@ -163,18 +162,17 @@ def _count_with_pull(plan: UnseenPlan, cluster: str, marker: Position | None, ne
     """
     programs = [
         plan.layout(cluster).newer(cluster, plan.receiver_id, marker, need, plan.deadline),
-        ask(outbox.find(cluster, plan.pull, plan.deadline, after=marker.event_time if marker else None, limit=need,
-                            keys_only=True)),
+        outbox.keys(cluster, plan.pull, plan.receiver_id, plan.deadline, after=marker.event_time if marker else None,
+                    limit=need),
     ]
     if marker is not None:
-        programs.append(ask(outbox.find(cluster, plan.pull, plan.deadline, at=marker.event_time, keys_only=True)))
+        programs.append(outbox.keys(cluster, plan.pull, plan.receiver_id, plan.deadline, at=marker.event_time))
     answers = yield Concurrently(programs, [cluster] * len(programs))
     inbox, found = _keys(answers[0]), _keys(answers[1])
     if len(inbox) >= need or len(found) >= need:
         return need
     seen = set(inbox)
-    for doc in found + (_keys(answers[2]) if marker is not None else []):
-        where = outbox.keyed(doc, plan.receiver_id)  # (None: a page skips such an entry too)
+    for where in found + (_keys(answers[2]) if marker is not None else []):  # (None: a page skips such a post too)
         if where is not None and (marker is None or (where[0], where[1].binary) > (marker.event_time, marker.id.binary)):
             seen.add(where)
     return min(len(seen), need)

@@ -37,7 +37,7 @@ from ..timemap import ReadWindow, TimeMap
 from ..model import Activity
 from .fanout import FanOutJob, plan_job
 from .fence import settle
-from .layouts import entry_of, layout_for, outbox
+from .layouts import Copy, CopyList, Post, layout_for, outbox
 from .policy import RetryPolicy, deadline_in
 from .routing import Routing
 from .steps import Failure, Program
@@ -60,7 +60,7 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float) -> Prog
     """
     a = job.activity
     oid = outbox_id(job.seconds, a.data_key)
-    result = yield from insert_program(job.cluster, "outbox", [outbox.document(oid, a)], policy=policy,
+    result = yield from insert_program(job.cluster, outbox.OUTBOX, [Post(oid, a)], policy=policy,
                                        deadline=deadline_in(timeout), duplicates="present")
     if result.failed:
         raise result.failed[0]
@@ -183,24 +183,24 @@ def backfill_program(
         if remaining <= 0:
             break
         deadline = deadline_in(timeout)
-        found = yield outbox.find(cluster, senders, deadline, after=after, limit=remaining)
+        found = yield from outbox.find(cluster, senders, deadline, after=after, limit=remaining)
         if isinstance(found, Failure):
             raise found.error
         read.append(cluster)
         remaining -= len(found)
         keys: list[str] = []
-        docs: list[dict[str, Any]] = []
+        copies: list[Copy] = []
         written_ids: dict[str, list[Any]] = {}
-        for entry in found:
-            a = outbox.activity_of(entry)
+        for post in found:
+            a = post.activity
             (oid,) = copy_ids(int(a.event_time.timestamp()), a.data_key, [receiver_id])
-            docs.append(entry_of(oid, receiver_id, a.sender_id, a.event_time, a.type, a.data, a.data_key))
+            copies.append(Copy(oid, receiver_id, a.sender_id, a.event_time, a.type, a.data, a.data_key))
             keys.append(a.data_key)
             written_ids.setdefault(a.data_key, []).append(oid)
-        if docs:
+        if copies:
             layout = layout_for(timemap, cluster)
-            result = yield from insert_program(cluster, "feed", docs, policy=policy, deadline=deadline,
-                                               duplicates="present", layout=layout)
+            result = yield from insert_program(cluster, layout, CopyList(copies), policy=policy, deadline=deadline,
+                                               duplicates="present")
             if result.failed:
                 raise next(iter(result.failed.values()))
             fences = yield from settle(cluster, layout.fix, written_ids, timeout=timeout)

@@ -19,8 +19,8 @@ empty; mongo-java-server cannot append to a bucket emptied under a unique index)
 is an upper bound of the copies' size: an append adds the copy's size, an update adds the new
 data's size (never subtracting the old), and a bucket without room for that refuses the
 update (:class:`~router.errors.BucketsFull`) instead of growing past its cap; so no bucket
-passes :data:`MAX_BYTES`, far below the 16 MiB document limit (one copy larger than that
-sits alone in its own bucket).
+passes :data:`MAX_BYTES`, far below the 16 MiB document limit, except one holding a single
+copy larger than that alone (an update there sets ``bytes`` to that copy's size).
 
 **One copy of a key per bucket.** An append never puts a second copy of a ``data_key`` in a
 bucket (only ``write_many`` can give one receiver two items of one key), so an edit by key
@@ -66,7 +66,7 @@ the compound form); and ``{items.data_key}`` for edits.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -78,8 +78,9 @@ from ...errors import BucketsFull
 from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Failure, Find, Program, Request, Update, Upserts
-from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
-from .copies import DIGEST, chunks, digest, in_steps, item_of
+from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
+from .queries import DIGEST, chunks, digest, in_steps, outside_clause
+from .values import Copy, FanBatch
 
 __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD", "first_bucket"]
 
@@ -87,6 +88,8 @@ __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD", "first_bucket"]
 MAX_ITEMS = 50
 #: Bytes of copies (BSON) a bucket takes at most: half the 16 MiB document limit, leaving room for its other fields.
 MAX_BYTES = 8 * 1024 * 1024
+#: What a copy's fields other than its data take at most (data is held to 16 MiB less 64 KiB, for them).
+_FIELDS_BOUND = 64 * 1024
 #: Buckets one read of a page asks for.
 READ_AHEAD = 2
 _ORDER = (("newest", -1), ("_id", -1))
@@ -112,31 +115,42 @@ def first_bucket(receiver_id: int | str) -> ObjectId:
     return ObjectId(hashlib.blake2b(f"{type(receiver_id).__name__}:{receiver_id}".encode(), digest_size=12).digest())
 
 
-def _item(entry: Entry) -> dict[str, Any]:
-    return {"_id": entry["_id"], "data_key": entry["data_key"], "sender_id": entry["sender_id"],
-            "event_time": entry["event_time"], "type": entry["type"], "data": entry["data"]}
+#: What a bucket layout sends for one copy: its receiver, the copy as a bucket holds it, and that copy's BSON size.
+_Slot = tuple[Any, dict[str, Any], int]
 
 
-def _append(entry: Entry, again: bool, sizes: dict[tuple[Any, ...], int]) -> tuple[dict[str, Any], dict[str, Any]]:
-    item = _item(entry)
-    # A copy's BSON size depends only on these (its _id and event_time have fixed sizes): a fan-out batch, whose copies
-    # share one data object, encodes one of them. (*sizes* lives for one batch, which keeps each data object alive.)
-    sender, kind = entry["sender_id"], entry["type"]
-    shape = (id(entry["data"]), entry["data_key"], sender.__class__, sender, kind.__class__, kind)
-    size = sizes.get(shape)
-    if size is None:
-        size = sizes[shape] = len(bson.encode(item))
-    t = entry["event_time"]
-    receiver = entry["receiver_id"]
+def _slots(rows: Sequence[tuple[ObjectId, Any, Any, datetime, Any, Any, str]]) -> list[_Slot]:
+    """The slots of copies given as ``(id, receiver, sender, event_time, type, data, data_key)`` rows."""
+    out: list[_Slot] = []
+    sizes: dict[tuple[Any, ...], int] = {}  # lives for one batch, which keeps each data object alive
+    for oid, receiver, sender, t, kind, data, key in rows:
+        item = {"_id": oid, "data_key": key, "sender_id": sender, "event_time": t, "type": kind, "data": data}
+        # A copy's BSON size depends only on these (its _id and event_time have fixed sizes).
+        shape = (id(data), key, sender.__class__, sender, kind.__class__, kind)
+        size = sizes.get(shape)
+        if size is None:
+            size = sizes[shape] = len(bson.encode(item))
+        out.append((receiver, item, size))
+    return out
+
+
+def _append(slot: _Slot, again: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    receiver, item, size = slot
+    t = item["event_time"]
     # "Not already holding this copy or its key" as $nor, not $ne: with $ne on an indexed array path DocumentDB may
     # plan a BitmapAnd over the RUM indexes, which crashes its backend under concurrent appends (docs/servers.md).
     match = {"receiver_id": receiver, "count": {"$lt": MAX_ITEMS}, "bytes": {"$lte": MAX_BYTES - size},
-             "$nor": [{"items._id": entry["_id"]}, {"items.data_key": entry["data_key"]}]}
+             "$nor": [{"items._id": item["_id"]}, {"items.data_key": item["data_key"]}]}
     update: dict[str, Any] = {"$push": {"items": item}, "$inc": {"count": 1, "bytes": size}, "$max": {"newest": t},
                               "$min": {"oldest": t}}
     if not again:
         update["$setOnInsert"] = {"_id": first_bucket(receiver)}
     return match, update
+
+
+def _item(doc: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
+    return FeedItem(receiver_id=receiver_id, sender_id=doc["sender_id"], event_time=doc["event_time"], type=doc["type"],
+                    data=doc["data"], data_key=doc["data_key"], id=doc["_id"])
 
 
 def _data_size(data: Mapping[str, Any]) -> int:
@@ -145,13 +159,17 @@ def _data_size(data: Mapping[str, Any]) -> int:
     return len(bson.encode({"data": data, DIGEST: digest(data)}))
 
 
-def _redata(data: Mapping[str, Any], match: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The filter (*match* narrowed to buckets with room) and update that give the copies picked by :func:`_the_key`
-    new data and its digest, charging its size to ``bytes`` (arrayFilters: the positional ``$`` with ``$elemMatch``
-    is refused by some servers)."""
+def _redata(data: Mapping[str, Any], match: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The filters (*match* narrowed) and updates that give the copies picked by :func:`_the_key` new data and its
+    digest (arrayFilters: the positional ``$`` with ``$elemMatch`` is refused by some servers).
+
+    A bucket holding that copy alone (``count`` 1: one append, and no removal, which would have sealed it) gets
+    ``bytes`` set to the copy's size, so a copy as large as a write takes is updated in place any number of times; a
+    bucket shared with other copies is charged the new data's size, where it has room under :data:`MAX_BYTES`."""
     size = _data_size(data)
-    return ({**match, "bytes": {"$lte": MAX_BYTES - size}},
-            {"$set": {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": digest(data)}, "$inc": {"bytes": size}})
+    new = {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": digest(data)}
+    return [({**match, "count": 1}, {"$set": {**new, "bytes": size + _FIELDS_BOUND}}),
+            ({**match, "count": {"$gt": 1}, "bytes": {"$lte": MAX_BYTES - size}}, {"$set": new, "$inc": {"bytes": size}})]
 
 
 def _the_key(data_key: str) -> list[dict[str, Any]]:
@@ -188,19 +206,39 @@ class Buckets(Layout):
     duplicates_prove_stored: ClassVar[bool] = False
 
     # -- writes ---------------------------------------------------------------------------------
-    def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
-        sizes: dict[tuple[Any, ...], int] = {}
-        return Upserts(cluster, "feed", [_append(e, again, sizes) for e in entries], deadline)
+    def copy_documents(self, copies: Sequence[Copy]) -> list[Any]:
+        return _slots([(c.id, c.receiver_id, c.sender_id, c.event_time, c.type, c.data, c.data_key) for c in copies])
 
-    def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
-        receivers = list({e["receiver_id"]: None for e in entries})
-        return Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": [e["_id"] for e in entries]}},
-                    deadline, projection=_IDENTITY)
+    def item_documents(self, items: Sequence[FeedItem], ids: Sequence[ObjectId]) -> list[Any]:
+        return _slots([(oid, i.receiver_id, i.sender_id, i.event_time, i.type, i.data, i.data_key)
+                       for i, oid in zip(items, ids)])
 
-    def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
-        wanted = set(ids)
-        return [{**item, "receiver_id": doc["receiver_id"]} for doc in docs for item in doc.get("items", ())
-                if item.get("_id") in wanted]
+    def fan_documents(self, batch: FanBatch) -> list[Any]:
+        # Every copy of a post has the same size (one data object, key, sender and type): encoded once.
+        sender, t, kind, data, key = batch.sender_id, batch.event_time, batch.type, batch.data, batch.data_key
+        size = 0
+        out: list[_Slot] = []
+        for oid, receiver in zip(batch.ids, batch.receivers):
+            item = {"_id": oid, "data_key": key, "sender_id": sender, "event_time": t, "type": kind, "data": data}
+            if not size:
+                size = len(bson.encode(item))
+            out.append((receiver, item, size))
+        return out
+
+    def store(self, cluster: str, documents: Sequence[Any], deadline: float, *, again: bool = False) -> Request:
+        return Upserts(cluster, "feed", [_append(slot, again) for slot in documents], deadline)
+
+    def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:
+        # By id alone, whatever the receiver: a duplicate may be another receiver's copy under the same id (a drawn id
+        # that collided), which the unique copy_id index refuses too; read back under our receiver only, it would look
+        # absent and be sent again, forever. (A rare path: only duplicates are read back.)
+        wanted = {c.id: None for c in copies}
+        docs = yield Find(cluster, "feed", {"items._id": {"$in": list(wanted)}}, deadline, projection=_IDENTITY)
+        return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
+
+    def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
+        return [Copy(i["_id"], doc["receiver_id"], i["sender_id"], i["event_time"], i["type"], i.get("data"),
+                     i["data_key"]) for doc in documents for i in doc.get("items", ())]
 
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
             deadline: float) -> list[Request]:
@@ -212,8 +250,8 @@ class Buckets(Layout):
                                   {"$pull": {"items": {"_id": {"$in": chunk}}}, **_SEAL}, deadline))
             else:
                 match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, DIGEST: {"$ne": mark}}}}
-                target, update = _redata(data, match)
-                out.append(Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key)))
+                out += [Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key))
+                        for target, update in _redata(data, match)]
         return out
 
     # -- reads ----------------------------------------------------------------------------------
@@ -234,7 +272,7 @@ class Buckets(Layout):
                 for item in doc.get("items", ()):
                     t, oid = item["event_time"], item["_id"]
                     if (bound is None or _key(t, oid) < bound) and (not wanted or item["type"] in wanted):
-                        found.append((t, oid, item_of(item, receiver_id)))
+                        found.append((t, oid, _item(item, receiver_id)))
             found.sort(key=lambda e: _key(e[0], e[1]), reverse=True)
             if len(docs) < READ_AHEAD:  # every bucket read
                 return Inbox(found[:need], len(found) > need)
@@ -292,14 +330,16 @@ class Buckets(Layout):
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
                                         update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what))
         # Matched on the data's digest, not the data, which would make the statement carry it twice.
-        match, update = _redata(data, _stale(data_key, data))
-        done, error = yield from in_steps(cluster, "feed", match, steps, update=update, array_filters=_the_key(data_key),
-                                          what=what)
-        if error is not None:
-            return done, error
-        # Copies left with old data in buckets without room for the new. (A copy a running fan-out writes meanwhile,
-        # in a bucket with room, is the fence's to fix, as in every layout.)
-        full = {**_stale(data_key, data), "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
+        done = 0
+        for match, update in _redata(data, _stale(data_key, data)):
+            changed, error = yield from in_steps(cluster, "feed", match, steps, update=update,
+                                                 array_filters=_the_key(data_key), what=what)
+            done += changed
+            if error is not None:
+                return done, error
+        # Copies left with old data in shared buckets without room for the new. (A copy a running fan-out writes
+        # meanwhile, in a bucket with room, is the fence's to fix, as in every layout.)
+        full = {**_stale(data_key, data), "count": {"$gt": 1}, "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
         left = yield Count(cluster, "feed", full, deadline_in(steps.timeout))
         if isinstance(left, Failure):
             return done, left.error
