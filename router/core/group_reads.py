@@ -19,11 +19,12 @@ cluster from the newest down to the oldest group's newest item reads the read ma
 **Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
 group, read_time, read_key}`` in ``seen`` (:func:`~router.core.seen.read_mark_documents`: no
 ``event_time``, so the seen markers' queries never meet them), in the cluster owning the
-marked position; ``group`` is the group's key, or ``"*"`` for every group. A group is read when a mark of its key or ``"*"``
-is at or above its newest item. A mark then deletes the same receiver's marks below it for
-that key (``"*"``: for every key) in its cluster. Two devices marking at once each insert
-their own; a cleanup removes only marks below its own, so the highest survives, on servers
-that lose concurrent updates of one document too (FerretDB v1).
+marked position; ``group`` is the group's key, or ``"*"`` for every group. A group is read
+when a mark of its key or ``"*"`` is at or above its newest item. A mark then deletes the
+same receiver's marks below it for that key (``"*"``: for every key) in its cluster. Two
+devices marking at once each insert their own; a cleanup removes only marks below its own,
+so the highest survives, on servers that lose concurrent updates of one document too
+(FerretDB v1).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: date
         layout = layout_for(plan.timemap, name)
         programs += [_one(grouping.pulled_copies(layout, name, plan.receiver_id, start, end, plan.pull, plan.types,
                                                  ceiling, plan.deadline)),
-                     _one(grouping.pulled_posts(name, plan.pull, plan.types, start, end, ceiling, plan.deadline))]
+                     grouping.pulled_posts(name, plan.pull, plan.types, start, end, ceiling, plan.deadline)]
     answers = yield Concurrently(programs, [n for n in clusters for _ in range(2)])
     found: dict[tuple[datetime, bytes], FeedItem] = {}
     for i in range(0, len(answers), 2):
@@ -352,14 +353,14 @@ def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
             programs.append(_one(grouping.unseen_outbox(name, plan.pull, after, plan.types, fields, span, cap + 1,
                                                         plan.deadline)))
             if bound is not None:
-                programs.append(_one(outbox.find(name, plan.pull, plan.deadline, types=plan.types, at=bound.event_time)))
+                programs.append(outbox.find(name, plan.pull, plan.deadline, types=plan.types, at=bound.event_time))
         answers = yield Concurrently(programs, [name] * len(programs))
         queried.append(name)
         for answer in answers[:2]:
             found.update(grouping.unseen_rows(_answer(answer), plan.by.fields))
         if len(answers) == 3 and bound is not None:
-            for doc in _answer(answers[2]):
-                entry = outbox.pulled_item(doc, plan.receiver_id)
+            for post in _answer(answers[2]):
+                entry = outbox.pulled_item(post, plan.receiver_id)
                 if entry is not None and (entry[0], entry[1].binary) > position_key(bound):
                     found.add((*plan.by.values_of(entry[2]), plan.by.window_of(entry[0])))
         if len(found) > cap:

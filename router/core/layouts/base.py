@@ -215,9 +215,9 @@ class Layout(Writer[CopyBatch]):
     def copy_stream(self, receiver_id: int | str, start: datetime, end: datetime | None,
                     match: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The first stages of an ``aggregate`` on ``feed`` that yield *receiver_id*'s copies dated in ``[start, end)``
-        (*end* None: no upper bound) and matching *match* (a filter on the fields of :data:`ENTRY_FIELDS` but
-        ``receiver_id``), each as a document with those fields: what grouped reads count and group on the server
-        (:mod:`router.core.groups`)."""
+        (*end* None: no upper bound) and matching *match*, each as a document with the fields of a
+        :class:`~.values.Copy` but ``receiver_id`` (``_id`` its id; *match* filters on those fields): what grouped
+        reads count and group on the server (:mod:`.grouping`, the one reader of these documents)."""
 
     # -- edits ----------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -2,7 +2,9 @@
 
 :mod:`router.core.group_reads` walks windows and merges counts; what it asks a cluster is
 built here, on the stream of copies each layout supplies
-(:meth:`~router.core.layouts.base.Layout.copy_stream`), and what comes back is read here:
+(:meth:`~router.core.layouts.base.Layout.copy_stream`) and the stream of posts the outbox
+supplies (:func:`.outbox.stream`), and what comes back is read here, as values (a streamed
+copy as a :class:`~.values.Copy`; posts are read by :mod:`.outbox`, as :class:`~.values.Post`):
 
 * :func:`rank`: a window's groups, newest first by their newest item (``$group`` by the
   key's values, ``$max`` of ``(event_time, _id)``);
@@ -28,10 +30,11 @@ import attrs
 
 from ...cursor import Position
 from ...model import FeedItem
-from ..steps import Aggregate, Find
+from ..steps import Aggregate, Failure, Program
+from . import outbox
 from .base import Layout
-from .copies import item_of, newer_than
-from .outbox import pulled_item
+from .queries import newer_than
+from .values import Copy, Post
 
 __all__ = ["Detail", "actor_rows", "actors", "at_or_below", "copy_match", "detail_rows", "details", "pulled_copies",
            "pulled_items", "pulled_posts", "rank", "rank_rows", "unseen", "unseen_outbox", "unseen_rows"]
@@ -47,6 +50,13 @@ def _key(fields: Sequence[str]) -> dict[str, Any]:
 
 def _values(row_id: Mapping[str, Any], fields: Sequence[str]) -> Values:
     return tuple(row_id.get(f"k{i}") for i in range(len(fields)))
+
+
+def _item(row: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
+    """A copy as a stream gives it (:meth:`Layout.copy_stream`: a copy's fields but ``receiver_id``), as a page
+    shows it."""
+    return Copy(row["_id"], receiver_id, row["sender_id"], row["event_time"], row["type"], row["data"],
+                row["data_key"]).item()
 
 
 def _selector(fields: Sequence[str], values: Values) -> dict[str, Any]:
@@ -132,7 +142,7 @@ class Detail:
 
 def detail_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], receiver_id: int | str) -> dict[Values, Detail]:
     """The answer to :func:`details`, by group values."""
-    return {_values(r["_id"], fields): Detail(r["n"], r["a"], r["f"], tuple(item_of(x["d"], receiver_id) for x in r["top"]))
+    return {_values(r["_id"], fields): Detail(r["n"], r["a"], r["f"], tuple(_item(x["d"], receiver_id) for x in r["top"]))
             for r in rows}
 
 
@@ -163,12 +173,8 @@ def unseen(layout: Layout, cluster: str, receiver_id: int | str, start: datetime
 def unseen_outbox(cluster: str, senders: Sequence[int | str], after: datetime | None, types: Sequence[int | str],
                   fields: Sequence[str], span_ms: int, limit: int, deadline: float) -> Aggregate:
     """Up to *limit* groups (with their window) of the pulled senders' posts after *after* in *cluster*."""
-    match: dict[str, Any] = {"sender_id": {"$in": list(senders)}}
-    if types:
-        match["type"] = {"$in": list(types)}
-    if after is not None:
-        match["event_time"] = {"$gt": after}
-    return Aggregate(cluster, "outbox", [{"$match": match}] + _unseen_stages(fields, span_ms, limit), deadline)
+    return Aggregate(cluster, "outbox", outbox.stream(senders, types=types, after=after)
+                     + _unseen_stages(fields, span_ms, limit), deadline)
 
 
 def unseen_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -184,23 +190,20 @@ def pulled_copies(layout: Layout, cluster: str, receiver_id: int | str, start: d
 
 
 def pulled_posts(cluster: str, senders: Sequence[int | str], types: Sequence[int | str], start: datetime, end: datetime,
-                 ceiling: Position, deadline: float) -> Find:
+                 ceiling: Position, deadline: float) -> Program[list[Post] | Failure]:
     """The pulled *senders*' posts in ``[start, end)`` up to *ceiling*'s millisecond, whole."""
-    match: dict[str, Any] = {"sender_id": {"$in": list(senders)},
-                             "event_time": {"$gte": start, "$lt": end, "$lte": ceiling.event_time}}
-    if types:
-        match["type"] = {"$in": list(types)}
-    return Find(cluster, "outbox", match, deadline)
+    return outbox.find(cluster, senders, deadline, types=types, at_or_after=start, before=end,
+                       at_or_before=ceiling.event_time)
 
 
-def pulled_items(copies: Sequence[Mapping[str, Any]], posts: Sequence[Mapping[str, Any]], receiver_id: int | str,
+def pulled_items(copies: Sequence[Mapping[str, Any]], posts: Sequence[Post], receiver_id: int | str,
                  ceiling: Position) -> list[tuple[tuple[datetime, bytes], FeedItem, bool]]:
     """The answers to :func:`pulled_copies` and :func:`pulled_posts` as ``(position, item, is the receiver's own
     copy)``, each post under the key the receiver's copy has (or would have), at or below *ceiling*."""
-    out = [((d["event_time"], d["_id"].binary), item_of(d, receiver_id), True) for d in copies]
+    out = [((d["event_time"], d["_id"].binary), _item(d, receiver_id), True) for d in copies]
     bound = (ceiling.event_time, ceiling.id.binary)
-    for doc in posts:
-        entry = pulled_item(doc, receiver_id)
+    for post in posts:
+        entry = outbox.pulled_item(post, receiver_id)
         if entry is not None and (entry[0], entry[1].binary) <= bound:
             out.append(((entry[0], entry[1].binary), entry[2], False))
     return out
