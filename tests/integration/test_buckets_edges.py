@@ -22,6 +22,7 @@ from router import Activity, FeedItem, FeedRouter, RouterConfig, data_key
 from router.admin.periods import stored_outside
 from router.admin.status import check_report
 from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS, Buckets
+from router.core.layouts.values import Copy
 from router.core.steps import Upserts
 from router.errors import BucketsFull, UnknownLayout, UpdateFailed
 from router.observe import Event, Metrics
@@ -255,9 +256,10 @@ def test_an_append_filter_keeps_the_planner_on_the_receivers_index(servers: Loca
         router.write_many([item(r, P2 + timedelta(days=1), n) for r in range(30) for n in range(3)])
     finally:
         router.close()
-    entry = {"_id": ObjectId(), "data_key": data_key("edge", "append"), "receiver_id": 7, "sender_id": 1,
-             "event_time": P2 + timedelta(days=2), "type": 1, "data": {}}
-    request = Buckets().store("cluster_3", [entry], time.monotonic() + 10)
+    copy = Copy(id=ObjectId(), receiver_id=7, sender_id=1, event_time=P2 + timedelta(days=2), type=1, data={},
+                data_key=data_key("edge", "append"))
+    layout = Buckets()
+    request = layout.store("cluster_3", layout.copy_documents([copy]), time.monotonic() + 10)
     assert isinstance(request, Upserts)
     match, _ = request.ops[0]
     explained = raw[config.database_for(config.clusters[2])].command(
