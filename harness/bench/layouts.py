@@ -41,6 +41,7 @@ from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
 from router.config import ClusterConfig, RouterConfig
 from router.core.layouts.buckets import Buckets
+from router.core.layouts.values import FanBatch
 from router.core.steps import Upserts
 from router.ids import copy_ids, data_key
 from router.model import Activity
@@ -173,13 +174,14 @@ def _profile_batch(raw: MongoClient[dict[str, Any]], side: _Side, post: int, rec
     when = P2 + timedelta(days=6, milliseconds=post)
     key = data_key("post", post)
     ids = copy_ids(int(when.timestamp()), key, list(receivers))
-    entries = [{"_id": oid, "data_key": key, "receiver_id": r, "sender_id": 1_000_765, "event_time": when, "type": 1,
-                "data": {"post": post}} for oid, r in zip(ids, receivers)]
+    batch = FanBatch(ids=ids, receivers=list(receivers), sender_id=1_000_765, event_time=when, type=1,
+                     data={"post": post}, data_key=key)
     coll = raw[side.newest].feed
     profile = cProfile.Profile()
     began = time.perf_counter()
     profile.enable()
-    request = Buckets().store("cluster_3", entries, time.monotonic() + 600)
+    layout = Buckets()
+    request = layout.store("cluster_3", batch.documents(layout), time.monotonic() + 600)
     assert isinstance(request, Upserts)
     coll.bulk_write([UpdateOne(f, u, upsert=True) for f, u in request.ops], ordered=False)
     profile.disable()

@@ -210,6 +210,7 @@ def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients
     assert len(kept) == n and len(set(kept)) == n
 
 
+@MANY_COPIES
 @pytest.mark.parametrize("kind", ["set", "predicate"])
 def test_inactive_receivers_get_nothing(router: FeedRouter, raw_clients: Clients, db_name: str, kind: str) -> None:
     """With an active set or predicate, inactive receivers get no copy and count as skipped."""
