@@ -19,11 +19,11 @@ import bson
 import pytest
 from pymongo import MongoClient
 
-from router import Activity, DeleteFailed, FeedRouter, RouterConfig, UpdateFailed, data_key
+from router import Activity, DeleteFailed, RouterConfig, UpdateFailed, data_key
 from router.core.checks import MAX_DATA_BYTES
 from harness.localservers import LocalClusters
 
-from .conftest import NAMES, NOW, P0, P1, register
+from .conftest import NOW, P0, P1, register
 from .layouts import buckets_config
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
@@ -147,51 +147,3 @@ def test_400k_copies_are_updated_and_deleted_with_the_default_timeout(
     """A 400,000-receiver fan-out, then update and delete with the default timeout (10 s): each finishes, or every
     further call leaves fewer copies to edit than the one before and the calls finish (docs: call it again)."""
     edit_400k(sync_router, raw_clients["cluster_2"][db_name].feed, caplog)
-
-
-def until_none_left(call: Callable[[], int], remaining: Callable[[], int], *, calls: int) -> list[tuple[str, int]]:
-    """Call *call* until nothing is left to edit, at most *calls* times; what is left never grows. (A call may return
-    before the server has carried out a statement it gave up on, so one call alone may show no progress.)"""
-    log: list[tuple[str, int]] = []
-    before = remaining()
-    for _ in range(calls):
-        try:
-            outcome = f"done, {call()} counted"
-        except (UpdateFailed, DeleteFailed) as failed:
-            outcome = "failed: " + "; ".join(str(error) for error in failed.failed.values())
-        after = remaining()
-        log.append((outcome, after))
-        assert after <= before, log
-        if after == 0:
-            return log
-        before = after
-    raise AssertionError(f"{calls} calls did not finish: {log}")
-
-
-@pytest.mark.slow
-def test_on_ferretdb1_big_edits_converge_with_the_default_timeout(
-    make_config: Callable[..., RouterConfig], db_name: str,
-) -> None:
-    """FerretDB 1 ignores ``maxTimeMS`` and finishes a statement whose client gave up, and each of its steps costs
-    time in proportion to the copies left: a 100,000-receiver fan-out, then update and delete with the default
-    timeout, called again until done: what is left never grows and the calls finish."""
-    with LocalClusters(3, names=list(NAMES), backend="ferretdb-pg") as ferretdb1:
-        converge_on(ferretdb1, make_config(uris=ferretdb1.uris), db_name)
-
-
-def converge_on(ferretdb1: LocalClusters, config: RouterConfig, db_name: str) -> None:
-    register(config)
-    key = data_key("converge", 1)
-    act = Activity(sender_id=6, event_time=P1 + timedelta(days=3), type=1, data={"v": 0}, data_key=key)
-    raw: MongoClient[dict[str, Any]] = MongoClient(ferretdb1.uris[1])
-    feed = raw[db_name].feed
-    try:
-        with FeedRouter(config, clock=lambda: NOW) as router:
-            assert router.fan_out(act, range(100_000)).written == 100_000
-            updates = until_none_left(lambda: router.update(key, {"v": 1}),
-                                      lambda: feed.count_documents({"data_key": key, "data": {"$ne": {"v": 1}}}), calls=30)
-            deletes = until_none_left(lambda: router.delete(key), lambda: feed.count_documents({"data_key": key}), calls=30)
-        print(f"\nFerretDB 1, 100k copies: update calls {updates}\ndelete calls {deletes}")
-    finally:
-        raw.drop_database(db_name)
-        raw.close()
