@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -27,6 +28,7 @@ from bson import ObjectId
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
+from .core.erasure import ErasureResult, ErasureStatus
 from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.seen import Unseen
@@ -37,6 +39,7 @@ from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
 from .errors import RouterClosed, RouterError, WriteFailed, WrongEventLoop
+from .exports import ExportFolder, ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
@@ -407,7 +410,8 @@ class AsyncFeedRouter:
     ) -> FanOutResult | AsyncFanOutHandle:
         clusters, _routing = self._started("fan_out")
         run = AsyncFanOutRun(clusters, job, active=calls.active_filter(active), concurrency=concurrency,
-                             policy=self.settings.write.policy, timeout=self.settings.timeout)
+                             policy=self.settings.write.policy, timeout=self.settings.timeout,
+                             pseudonyms=self.settings.pseudonyms)
         if background:
             return self.fanouts.submit(run, receivers)
         self._enter()
@@ -419,6 +423,29 @@ class AsyncFeedRouter:
     async def fan_out_status(self, job_id: str) -> JobStatus:
         """A fan-out job's progress from its checkpoint (see ``FeedRouter.fan_out_status``)."""
         return await self._run("fan_out_status", lambda v: calls.fan_out_status(v, job_id))
+
+    # -- a user's data ------------------------------------------------------------------
+
+    async def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
+        """Remove everything *user_id* sent and everything addressed to them, from every cluster (see
+        ``FeedRouter.erase_user``)."""
+        return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by))
+
+    async def erasure_status(self, user_id: int | str) -> ErasureStatus:
+        """*user_id*'s erasure records in every cluster (see ``FeedRouter.erasure_status``)."""
+        return await self._run("erasure_status", lambda v: calls.erasure_status(v, user_id))
+
+    async def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
+        """Write what the router holds about *user_id* into the folder *out* (see ``FeedRouter.export_user``); the
+        files are written from the event loop, a buffered line at a time."""
+        self._on_loop("export_user")
+        folder = ExportFolder(out, user_id=calls.user(user_id))
+        try:
+            summary = await self._run("export_user", lambda v: calls.export_user(v, user_id, folder))
+        except BaseException:
+            folder.abort()
+            raise
+        return folder.finish(summary)
 
     # -- lifecycle ---------------------------------------------------------------------
 

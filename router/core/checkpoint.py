@@ -42,17 +42,20 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterError
+from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RouterError
 from ..model import to_millis
+from . import registry
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
-from .policy import DUPLICATE_KEY, deadline_in
-from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Update, ask
+from .policy import DUPLICATE_KEY, RetryPolicy, deadline_in
+from .pseudonyms import Pseudonyms
+from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
+from .writes import insert_program
 
 
 __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
-    "check_batch", "check_checkpoint",
+    "check_batch", "check_checkpoint", "drop_checkpoint",
     "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
 ]
 
@@ -60,19 +63,57 @@ log = logging.getLogger(__name__)
 UTC = timezone.utc
 
 
-def start_job(job: FanOutJob, *, timeout: float) -> Program[tuple[set[int], Fence]]:
-    """Refuse a deleted post, then open the job's checkpoint: the batches done, and the fence to write under."""
-    fence = yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=timeout)
+def start_job(
+    job: FanOutJob, *, timeout: float, pseudonyms: Pseudonyms | None = None, policy: RetryPolicy = RetryPolicy(),
+) -> Program[tuple[set[int], Fence]]:
+    """Register the post by its sender (:mod:`router.core.registry`), refuse a deleted post or (with *pseudonyms*)
+    an erased sender's, then open the job's checkpoint: the batches done, and the fence to write under.
+
+    The registry entry is written before the fence is read, as every writer's documents
+    are (:mod:`router.core.fence`): an erasure that began before the read refuses the job
+    here, one that began after it finds the post by its entry. A refused post's entry is
+    removed again. Raises :class:`~router.errors.SenderErased`, :class:`ItemDeleted`, or the
+    cluster's error.
+    """
+    a = job.activity
+    posts = [registry.entry(a.sender_id, a.data_key, a.event_time)]
+    stored = yield from insert_program(job.cluster, registry.POSTS, posts, policy=policy, deadline=deadline_in(timeout),
+                                       duplicates="present")
+    if stored.failed:
+        raise next(iter(stored.failed.values()))
+    try:
+        fence = yield from refuse_deleted(job.cluster, a.data_key, timeout=timeout, sender=a.sender_id,
+                                          pseudonyms=pseudonyms)
+    except ItemDeleted:
+        for request in registry.fix(job.cluster, a.data_key, [posts[0]["_id"]], None, deadline_in(timeout)):
+            yield request  # (left behind if this fails: the post's erasure or a later start removes it)
+        raise
     done = yield from open_checkpoint(job, timeout=timeout)
     return done, fence
 
 
+def drop_checkpoint(job: FanOutJob, *, timeout: float) -> Program[ClusterUnavailable | None]:
+    """Remove the job's checkpoint (its document and every batch record): what a run does when it finds its post's
+    sender erased, so nothing of the post stays. Returns the error that stopped it, or None."""
+    deadline = deadline_in(timeout)
+    records: tuple[tuple[Collection, dict[str, Any]], ...] = (
+        ("fanout_batches", {"job": job.job_id}), (SENT_COLLECTION, {"job": job.job_id}), ("fanouts", {"_id": job.job_id}))
+    for collection, match in records:
+        answer = yield Delete(job.cluster, collection, match, deadline)
+        if isinstance(answer, Failure):
+            log.warning("fan-out %r: its sender was erased, but its checkpoint could not be removed: %s", job.job_id,
+                        answer.error, extra=job.log_extra)
+            return answer.error
+    return None
+
+
 def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
     """*status* as the fence tells it: a job whose post was deleted is ``cancelled`` with reason ``deleted``
-    (unless every batch was done before the delete)."""
+    (``erased`` when its sender was), unless every batch was done before."""
     if not fence.deleted:
         return status
-    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled", reason="deleted")
+    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled",
+                        reason="erased" if fence.erased else "deleted")
 
 
 #: Where a Celery publisher records each batch it sends, before sending it (:func:`announce_batch`).

@@ -40,7 +40,7 @@ from ..model import Activity, to_millis, to_utc
 from ..observe import Event
 from .checkpoint import admit_batch, check_batch, record_batch
 from .checks import check_activity, receiver_problem
-from .fence import NEVER, Fence, settle
+from .fence import NEVER, Fence, Parties, settle
 from .jobs import (
     DEFAULT_CONCURRENCY,
     MAX_BATCH_SIZE,
@@ -52,9 +52,10 @@ from .jobs import (
 )
 from .layouts import LAYOUTS, copy_entries, layout_for
 from .policy import RetryPolicy, deadline_in
+from .pseudonyms import Pseudonyms
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
-from .writes import insert_program
+from .writes import InsertResult, insert_program
 
 __all__ = [
     "BatchOutcome",
@@ -140,6 +141,7 @@ def batch_program(
     record: bool = True,
     admit: bool = False,
     known: Fence = NEVER,
+    pseudonyms: Pseudonyms | None = None,
 ) -> Program[BatchOutcome]:
     """Write batch *number* (receivers from stream position *first*), settle it with the edit fence and record it
     in the checkpoint.
@@ -149,7 +151,10 @@ def batch_program(
     (shared by every copy). *known* is the newest fence the engine has seen: a deleted
     post's batch writes nothing, an updated one's writes the new data. After the insert
     the fence is read (:func:`~router.core.fence.settle`): copies of a post deleted
-    meanwhile are removed again and the batch is not recorded. The batch gets
+    meanwhile are removed again and the batch is not recorded. With *pseudonyms* (every
+    engine passes the router's) the erasure records are read at the same time: copies of a
+    post whose sender was erased are removed again (the fence says :data:`~router.core.fence.ERASED`),
+    and so are the copies of erased receivers, counted ``skipped``. The batch gets
     ``timeout`` seconds, retries included.
 
     A batch the job cannot have raises :class:`~router.errors.InvalidBatch` before
@@ -194,14 +199,17 @@ def batch_program(
         reasons: list[RouterError] = list(result.failed.values())
         if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
             settled = yield from settle(job.cluster, layout.fix, {a.data_key: ids}, seqs={a.data_key: known.seq},
-                                        timeout=timeout)
+                                        timeout=timeout, parties=Parties({a.data_key: a.sender_id}, {a.data_key: valid}),
+                                        pseudonyms=pseudonyms)
             if isinstance(settled, Failure):  # the copies are in doubt until the fence is read: not written
                 written, already, failed, stopped = 0, 0, list(valid), settled
                 reasons.append(settled.error)
             else:
-                fence = settled[a.data_key]
-                if fence.deleted:  # deleted meanwhile: settle removed them again
+                fence = settled.fences[a.data_key]
+                if fence.deleted:  # deleted (or its sender erased) meanwhile: settle removed them again
                     written = already = 0
+                elif settled.erased:  # erased receivers: their copies were removed again, and they count as skipped
+                    written, already, skipped = _without(settled.erased, valid, result, written, already, skipped)
         seen: set[str] = set()
         for error in reasons:
             if str(error) not in seen:
@@ -225,3 +233,10 @@ def batch_program(
     return outcome
 
 
+def _without(erased: frozenset[int | str], valid: Sequence[Any], result: InsertResult, written: int, already: int,
+             skipped: int) -> tuple[int, int, int]:
+    """The batch's counts once the copies of *erased* receivers were removed again: they count as skipped."""
+    present = set(result.present)
+    gone = [p for p, receiver in enumerate(valid) if receiver in erased and p not in result.failed]
+    again = sum(1 for p in gone if p in present)
+    return written - (len(gone) - again), already - again, skipped + len(gone)

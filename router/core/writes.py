@@ -40,6 +40,7 @@ from ..observe import Event
 from .checks import check_item
 from .layouts import Entry, Layout, item_entries, layout_for, same_entry
 from .policy import RetryPolicy, code_kind, deadline_in
+from .registry import POSTS, entry_id
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
 
@@ -55,6 +56,9 @@ class WriteSettings:
     batch_size: int = 1000
     policy: RetryPolicy = RetryPolicy()
     timeout: float = 10.0
+    #: Register each batch's posts by sender (:mod:`router.core.registry`). False only to measure what that costs
+    #: (the benchmark): an erasure would not find the copies written so.
+    register: bool = True
 
 
 @attrs.frozen
@@ -312,6 +316,34 @@ def _cluster_program(
     return failed, renamed
 
 
+def _register_program(
+    cluster: str, indexes: list[int], docs: list[Entry], settings: WriteSettings, deadline: float,
+) -> Program[dict[int, RouterError]]:
+    """Register one cluster's share of a write in its posts registry (:mod:`router.core.registry`), a batch per
+    ``batch_size`` distinct posts; return the items whose post could not be registered, with the error."""
+    owners: dict[str, list[int]] = {}
+    posts: list[dict[str, Any]] = []
+    for i, doc in zip(indexes, docs):
+        key = entry_id(doc["sender_id"], doc["data_key"])
+        mine = owners.get(key)
+        if mine is None:
+            owners[key] = mine = []
+            posts.append({"_id": key, "sender_id": doc["sender_id"], "data_key": doc["data_key"],
+                          "event_time": doc["event_time"]})
+        mine.append(i)
+    failed: dict[int, RouterError] = {}
+    size = settings.batch_size
+    for start in range(0, len(posts), size):
+        chunk = posts[start : start + size]
+        result = yield from insert_program(cluster, POSTS, chunk, policy=settings.policy, deadline=deadline,
+                                           duplicates="present")
+        failed.update((i, error) for pos, error in result.failed.items() for i in owners[chunk[pos]["_id"]])
+        if result.stopped is not None:
+            failed.update((i, result.stopped.error) for post in posts[start + size :] for i in owners[post["_id"]])
+            break
+    return failed
+
+
 def prepare_or_stale(items: Sequence[FeedItem], routing: Routing) -> Prepared:
     """:func:`prepare` without I/O: an item past the map's horizon is :class:`StaleMetadata` (no refresh is tried)."""
     try:
@@ -334,13 +366,18 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
     if not prepared.batches:
         return ids
     names = list(prepared.batches)
-    programs = [
+    programs: list[Program[Any]] = [
         _cluster_program(name, idx, docs, prepared.given, settings, deadline, layout_for(routing.timemap, name))
         for name, (idx, docs) in prepared.batches.items()
     ]
-    outcomes = yield Concurrently(programs, names)
+    if settings.register:  # each cluster's posts registered by sender, at the same time as its copies are stored
+        programs += [_register_program(name, idx, docs, settings, deadline) for name, (idx, docs) in prepared.batches.items()]
+    outcomes = yield Concurrently(programs, names + names if settings.register else names)
+    unregistered = outcomes[len(names):]
     failed: dict[int, RouterError] = {}
-    for name, (cluster_failed, renamed) in zip(names, outcomes):
+    for n, (name, (cluster_failed, renamed)) in enumerate(zip(names, outcomes)):
+        if unregistered:  # stored but not findable by sender (an erasure would miss it): not confirmed written
+            cluster_failed = {**unregistered[n], **cluster_failed}
         failed.update(cluster_failed)
         for i, oid in renamed.items():
             ids[i] = oid

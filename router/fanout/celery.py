@@ -55,10 +55,12 @@ included, so its ``data`` must be JSON: :func:`publish_fan_out` refuses anything
 receiver ids and the positions to skip. No pickle; no result backend: progress is read
 from the checkpoint.
 
-**Edits.** A batch reads the post's edit fence after writing, like every engine's
+**Edits and erasures.** A batch reads the post's edit fence after writing, like every engine's
 (:mod:`router.core.fence`): batches of a post deleted meanwhile, queued or redelivered,
 remove what they wrote and are acknowledged, not retried. Each worker process remembers
 the newest fence it saw per post, so its later batches of a deleted post write nothing.
+The erasure records are read at the same time: a batch of an erased sender's post removes
+what it wrote and the job's checkpoint, and copies for erased receivers are removed again.
 
 Queues, and how batches are numbered when inactive receivers are included, are in
 :mod:`router.fanout.celery_plan`.
@@ -81,7 +83,7 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.checkpoint import announce_batch, finish_checkpoint, open_checkpoint
+from ..core.checkpoint import announce_batch, drop_checkpoint, finish_checkpoint, open_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
 from ..core.checkpoint import start_job
@@ -325,11 +327,17 @@ def write_batch(
         outcome = clusters.run(batch_program(
             fanout, number, first, receivers, policy=settings.write.policy, timeout=settings.timeout, active=active,
             data=data, admit=True, known=fences.known(key) if fences is not None else NEVER,
+            pseudonyms=settings.pseudonyms,
         ))
     except ClusterUnavailable as exc:  # the checkpoint could not be read to admit the batch
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {exc}") from exc
     if fences is not None:
         fences.learn(key, outcome.fence)
+    if outcome.fence is not None and outcome.fence.erased:  # nothing of an erased sender's post stays
+        log.info("fan-out %r: batch %d: its sender was erased; nothing of it is kept", fanout.job_id, number,
+                 extra=fanout.log_extra)
+        clusters.run(drop_checkpoint(fanout, timeout=settings.timeout))
+        return outcome
     if outcome.fence is not None and outcome.fence.deleted:
         log.info("fan-out %r: batch %d: its post was deleted; nothing of it is kept", fanout.job_id, number,
                  extra=fanout.log_extra)
@@ -402,7 +410,8 @@ def publish_fan_out(
     side = attrs.evolve(job, job_id=inactive_job_id(job.job_id)) if include_inactive and predicate is not None else None
     jobs = [job] if side is None else [job, side]
     timeout = router.settings.timeout
-    done, _ = router.clusters.run(start_job(job, timeout=timeout))  # ItemDeleted for a deleted post
+    done, _ = router.clusters.run(start_job(job, timeout=timeout, pseudonyms=router.settings.pseudonyms,
+                                            policy=router.settings.write.policy))  # ItemDeleted, SenderErased
     side_done = router.clusters.run(open_checkpoint(side, timeout=timeout)) if side is not None else set()
     payloads = [j.to_json() for j in jobs]
     log.info("fan-out %r: publishing to cluster %r in batches of %d%s; %d batches done earlier", job.job_id, job.cluster,

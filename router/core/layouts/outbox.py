@@ -19,7 +19,7 @@ from ...model import Activity, FeedItem
 from ..steps import Find, Request
 from .copies import PAGE_SORT, fix_requests, key_edit
 
-__all__ = ["activity_of", "document", "edit", "entry_key", "find", "fix", "keyed", "pulled_item"]
+__all__ = ["activity_of", "document", "edit", "entry_key", "find", "fix", "keyed", "pulled_item", "sent_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ def find(cluster: str, senders: Sequence[int | str], deadline: float, *, types: 
         match["event_time"] = times
     projection = {"_id": 1, "event_time": 1, "data_key": 1} if keys_only else None
     return Find(cluster, "outbox", match, deadline, sort=PAGE_SORT, limit=limit, projection=projection)
+
+
+def sent_keys(cluster: str, sender_id: int | str, deadline: float, *, limit: int) -> Find:
+    """Up to *limit* of *sender_id*'s entries' ``data_key``\\ s, in no order (an erasure removes what it read)."""
+    return Find(cluster, "outbox", {"sender_id": sender_id}, deadline, limit=limit, projection={"_id": 0, "data_key": 1})
 
 
 def keyed(doc: Mapping[str, Any], receiver_id: int | str) -> tuple[datetime, ObjectId] | None:
