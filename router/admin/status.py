@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from ..config import RouterConfig
@@ -19,7 +20,7 @@ from ..core.layouts import DEFAULT
 from .migrate import applied_migrations, discover
 from .periods import layout_problem
 
-__all__ = ["check_report", "status_rows"]
+__all__ = ["check_report", "status_rows", "unfinished_erasures"]
 
 
 def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
@@ -40,6 +41,8 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
             missing = [m.id for m in migrations if m.id not in done]
             if missing:
                 problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
+        for name, found in clusters.each(unfinished_erasures, reachable).items():
+            problems += [str(found)] if isinstance(found, ClusterUnavailable) else found
         capabilities = clusters.each(lambda c: c.capabilities(), reachable)
         for name, caps in capabilities.items():
             if isinstance(caps, ClusterUnavailable):
@@ -57,6 +60,24 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
                               for m in timemap.periods]
         report["gaps"] = [[a, b] for a, b in timemap.gaps]
     return report, timemap
+
+
+def unfinished_erasures(cluster: Cluster) -> list[str]:
+    """A problem for each erasure record of *cluster* still ``running`` with no finished erasure of the same user
+    after it (an ``erase_user`` that stopped part-way and was not called again)."""
+    records = cluster.db["erasures"]
+    running = cluster.call("reading erasure records", lambda: list(records.find({"state": "running"})))
+    problems = []
+    for record in running:
+        done = cluster.call("reading erasure records", lambda: records.count_documents(
+            {"user": record.get("user"), "state": "done", "_id": {"$gt": record["_id"]}}, limit=1))
+        if not done:
+            when = record.get("requested_at")
+            problems.append(
+                f"cluster {cluster.name!r}: erasure {record['_id']} (asked by {record.get('requested_by')!r} at "
+                f"{when.isoformat() if isinstance(when, datetime) else '?'}) did not finish: call erase_user "
+                "(feedrouter erase) again for the same user; feedrouter erase-status USER shows it")
+    return problems
 
 
 def _cluster_status(cluster: Cluster, config: RouterConfig) -> dict[str, Any]:

@@ -13,8 +13,9 @@ window or not, retired ones included, and standbys). In each cluster, in this or
 2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts
    (:mod:`router.core.registry`, and their ``outbox`` entries), then every copy of those
    posts in every receiver's feed (:meth:`Layout.remove_sent`), the fan-out job records of
-   those posts (``fanouts``, ``fanout_batches``, ``fanout_sent``), their edit records
-   (``edits``: an update's record holds the post's data), and last the page's ``outbox``
+   those posts (``fanouts``, ``fanout_batches``, ``fanout_sent``), their edit records in
+   every cluster (``edits``: an update's record holds the post's data, and an edit leaves
+   one in each cluster; counted where the post was found), and last the page's ``outbox``
    and registry entries. What names a post is removed only after everything found by it,
    so an erasure stopped half-way is finished by calling it again.
 3. **What was addressed to them**: their feed (:meth:`Layout.remove_received`) and their
@@ -214,10 +215,12 @@ def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tu
         if trouble is not None:
             return trouble if isinstance(trouble, RouterError) else ClusterUnavailable(cluster, str(trouble))
         error = yield from _jobs(plan, cluster, keys, counts)
-        for collection, match in ((EDITS_COLLECTION, {"data_key": {"$in": keys}}),
-                                  ("outbox", {"sender_id": user, "data_key": {"$in": keys}}),
-                                  (registry.POSTS, {"sender_id": user, "data_key": {"$in": keys}})):
+        for name in plan.names if error is None else ():  # an edit leaves its records in every cluster
+            error = error or (yield from _delete(name, EDITS_COLLECTION, {"data_key": {"$in": keys}}, plan, counts,
+                                                 "edits"))
+        for collection in ("outbox", registry.POSTS):
             if error is None:
+                match = {"sender_id": user, "data_key": {"$in": keys}}
                 error = yield from _delete(cluster, collection, match, plan, counts, collection)
         if error is not None:
             return error
