@@ -44,7 +44,7 @@ import attrs
 
 from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RouterError
 from ..model import to_millis
-from . import registry
+from .layouts import posts
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
 from .policy import DUPLICATE_KEY, RetryPolicy, deadline_in
@@ -55,7 +55,7 @@ from .writes import insert_program
 
 __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
-    "check_batch", "check_checkpoint", "drop_checkpoint",
+    "check_batch", "check_checkpoint", "drop_checkpoint", "drop_jobs", "job_ids", "jobs_of",
     "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
 ]
 
@@ -66,7 +66,7 @@ UTC = timezone.utc
 def start_job(
     job: FanOutJob, *, timeout: float, pseudonyms: Pseudonyms | None = None, policy: RetryPolicy = RetryPolicy(),
 ) -> Program[tuple[set[int], Fence]]:
-    """Register the post by its sender (:mod:`router.core.registry`), refuse a deleted post or (with *pseudonyms*)
+    """Register the post by its sender (:mod:`router.core.layouts.posts`), refuse a deleted post or (with *pseudonyms*)
     an erased sender's, then open the job's checkpoint: the batches done, and the fence to write under.
 
     The registry entry is written before the fence is read, as every writer's documents
@@ -76,8 +76,8 @@ def start_job(
     cluster's error.
     """
     a = job.activity
-    posts = [registry.entry(a.sender_id, a.data_key, a.event_time)]
-    stored = yield from insert_program(job.cluster, registry.POSTS, posts, policy=policy, deadline=deadline_in(timeout),
+    entries = [posts.entry(a.sender_id, a.data_key, a.event_time)]
+    stored = yield from insert_program(job.cluster, posts.POSTS, entries, policy=policy, deadline=deadline_in(timeout),
                                        duplicates="present")
     if stored.failed:
         raise next(iter(stored.failed.values()))
@@ -85,21 +85,37 @@ def start_job(
         fence = yield from refuse_deleted(job.cluster, a.data_key, timeout=timeout, sender=a.sender_id,
                                           pseudonyms=pseudonyms)
     except ItemDeleted:
-        for request in registry.fix(job.cluster, a.data_key, [posts[0]["_id"]], None, deadline_in(timeout)):
+        for request in posts.fix(job.cluster, a.data_key, [entries[0]["_id"]], None, deadline_in(timeout)):
             yield request  # (left behind if this fails: the post's erasure or a later start removes it)
         raise
     done = yield from open_checkpoint(job, timeout=timeout)
     return done, fence
 
 
+def jobs_of(cluster: str, keys: Sequence[str], deadline: float) -> Find:
+    """The fan-out jobs of the posts *keys* in *cluster* (their ids; by the index ``data_key`` of migration 0006)."""
+    return Find(cluster, "fanouts", {"data_key": {"$in": list(keys)}}, deadline, projection={"_id": 1})
+
+
+def job_ids(docs: Iterable[Mapping[str, Any]]) -> list[Any]:
+    """The job ids of an answer to :func:`jobs_of`."""
+    return [doc["_id"] for doc in docs]
+
+
+def drop_jobs(cluster: str, job_ids: Sequence[Any], deadline: float) -> list[tuple[Collection, Delete]]:
+    """The requests that remove the checkpoints of *job_ids* (batch records, sent-batch records, then the jobs), each
+    with its collection."""
+    ids = list(job_ids)
+    records: tuple[tuple[Collection, dict[str, Any]], ...] = (
+        ("fanout_batches", {"job": {"$in": ids}}), (SENT_COLLECTION, {"job": {"$in": ids}}), ("fanouts", {"_id": {"$in": ids}}))
+    return [(c, Delete(cluster, c, match, deadline)) for c, match in records]
+
+
 def drop_checkpoint(job: FanOutJob, *, timeout: float) -> Program[ClusterUnavailable | None]:
     """Remove the job's checkpoint (its document and every batch record): what a run does when it finds its post's
     sender erased, so nothing of the post stays. Returns the error that stopped it, or None."""
-    deadline = deadline_in(timeout)
-    records: tuple[tuple[Collection, dict[str, Any]], ...] = (
-        ("fanout_batches", {"job": job.job_id}), (SENT_COLLECTION, {"job": job.job_id}), ("fanouts", {"_id": job.job_id}))
-    for collection, match in records:
-        answer = yield Delete(job.cluster, collection, match, deadline)
+    for _collection, request in drop_jobs(job.cluster, [job.job_id], deadline_in(timeout)):
+        answer = yield request
         if isinstance(answer, Failure):
             log.warning("fan-out %r: its sender was erased, but its checkpoint could not be removed: %s", job.job_id,
                         answer.error, extra=job.log_extra)

@@ -11,7 +11,7 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    running removes what it writes for the user, and later ones of the user's posts are
    refused (:class:`~router.errors.SenderErased`): only inserts decide, as for the edit fence.
 2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts
-   (:mod:`router.core.registry`, and their ``outbox`` entries), then every copy of those
+   (:mod:`router.core.layouts.posts`, and their ``outbox`` entries), then every copy of those
    posts in every receiver's feed (:meth:`Layout.remove_sent`), the fan-out job records of
    those posts (``fanouts``, ``fanout_batches``, ``fanout_sent``), their edit records in
    every cluster (``edits``: an update's record holds the post's data, and an edit leaves
@@ -46,9 +46,9 @@ import attrs
 
 from ..errors import ClusterUnavailable, ErasureFailed, RouterError
 from ..timemap import TimeMap
-from . import registry
-from .fence import ERASURES_COLLECTION, EDITS_COLLECTION
-from .layouts import EditSettings, layout_for, outbox
+from . import checkpoint, fence, seen
+from .fence import ERASURES_COLLECTION
+from .layouts import EditSettings, layout_for, outbox, posts
 from .policy import deadline_in
 from .pseudonyms import Pseudonyms
 from .steps import Concurrently, Delete, Failure, Find, Program, Update, ask
@@ -186,7 +186,7 @@ def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
         removed, error = yield from layout.remove_received(cluster, plan.user_id, plan.settings)
         counts["feed_received"] += removed
     if error is None:
-        error = yield from _delete(cluster, "seen", {"receiver_id": plan.user_id}, plan, counts, "seen")
+        error = yield from _count(seen.forget(cluster, plan.user_id, deadline_in(plan.settings.timeout)), counts, "seen")
     if error is None:
         done = {"state": "done", "counts": counts, "finished_at": datetime.now(plan.now.tzinfo)}
         answer = yield Update(cluster, ERASURES_COLLECTION, {"_id": plan.request_id}, {"$set": done},
@@ -202,50 +202,45 @@ def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tu
     user, settings = plan.user_id, plan.settings
     while True:
         deadline = deadline_in(settings.timeout)
-        found = yield Concurrently([ask(registry.registered_keys(cluster, user, deadline, limit=PAGE)),
+        found = yield Concurrently([ask(posts.registered_keys(cluster, user, deadline, limit=PAGE)),
                                     ask(outbox.sent_keys(cluster, user, deadline, limit=PAGE))], [cluster, cluster])
         for answer in found:
             if isinstance(answer, Failure):
                 return answer.error
-        keys = sorted({d["data_key"] for answer in found for d in answer if isinstance(d.get("data_key"), str)})
+        keys = sorted({key for answer in found for key in posts.keys_of(answer)})
         if not keys:
             return None
         removed, trouble = yield from remove_sent(cluster, user, keys, settings)
         counts["feed_sent"] += removed
         if trouble is not None:
             return trouble if isinstance(trouble, RouterError) else ClusterUnavailable(cluster, str(trouble))
-        error = yield from _jobs(plan, cluster, keys, counts)
-        for name in plan.names if error is None else ():  # an edit leaves its records in every cluster
-            error = error or (yield from _delete(name, EDITS_COLLECTION, {"data_key": {"$in": keys}}, plan, counts,
-                                                 "edits"))
-        for collection in ("outbox", registry.POSTS):
-            if error is None:
-                match = {"sender_id": user, "data_key": {"$in": keys}}
-                error = yield from _delete(cluster, collection, match, plan, counts, collection)
+        error = yield from _jobs(cluster, keys, counts, settings.timeout)
+        steps = [(counted, request) for counted, request in (
+            *(("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names),  # every cluster
+            ("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))),
+            ("posts", posts.remove(cluster, user, keys, deadline_in(settings.timeout))))]
+        for counted, request in steps if error is None else ():
+            error = error or (yield from _count(request, counts, counted))
         if error is not None:
             return error
 
 
-def _jobs(plan: ErasurePlan, cluster: str, keys: Sequence[str], counts: dict[str, int]) -> Program[RouterError | None]:
+def _jobs(cluster: str, keys: Sequence[str], counts: dict[str, int], timeout: float) -> Program[RouterError | None]:
     """The fan-out job records of the posts *keys*: batch records, sent-batch records, then the jobs."""
-    found: list[dict[str, Any]] | Failure = yield Find(cluster, "fanouts", {"data_key": {"$in": list(keys)}},
-                                                       deadline_in(plan.settings.timeout), projection={"_id": 1})
+    found: list[dict[str, Any]] | Failure = yield checkpoint.jobs_of(cluster, keys, deadline_in(timeout))
     if isinstance(found, Failure):
         return found.error
-    jobs = [d["_id"] for d in found]
-    if not jobs:
-        return None
-    for collection, match in (("fanout_batches", {"job": {"$in": jobs}}), ("fanout_sent", {"job": {"$in": jobs}}),
-                              ("fanouts", {"_id": {"$in": jobs}})):
-        error = yield from _delete(cluster, collection, match, plan, counts, collection)
+    jobs = checkpoint.job_ids(found)
+    for collection, request in checkpoint.drop_jobs(cluster, jobs, deadline_in(timeout)) if jobs else ():
+        error = yield from _count(request, counts, collection)
         if error is not None:
             return error
     return None
 
 
-def _delete(cluster: str, collection: Any, match: Mapping[str, Any], plan: ErasurePlan, counts: dict[str, int],
-            counted: str) -> Program[ClusterUnavailable | None]:
-    answer = yield Delete(cluster, collection, match, deadline_in(plan.settings.timeout))
+def _count(request: Delete, counts: dict[str, int], counted: str) -> Program[ClusterUnavailable | None]:
+    """Send a delete, adding what it removed to *counted*; the error that stopped it, or None."""
+    answer = yield request
     if isinstance(answer, Failure):
         return answer.error
     counts[counted] += int(answer)

@@ -5,7 +5,7 @@ first, and hands each record to a :class:`Sink` (the door's :class:`~router.expo
 writes it to a file), three streams:
 
 * ``sent``: the user's posts as they sent them, one record per post (its ``data_key``,
-  time, type and data), found through the posts registry (:mod:`router.core.registry`)
+  time, type and data), found through the posts registry (:mod:`router.core.layouts.posts`)
   oldest first; the data comes from the post's outbox entry, or else from one of its copies.
 * ``received``: the items of the user's own feed, oldest first (:meth:`Layout.oldest_first`).
 * ``seen``: the user's seen markers.
@@ -29,11 +29,11 @@ import attrs
 
 from ..cursor import Position
 from ..timemap import TimeMap
-from . import registry
-from .layouts import layout_for
+from ..model import Activity
+from . import seen
+from .layouts import layout_for, outbox, posts
 from .policy import deadline_in
-from .seen import SEEN_SORT
-from .steps import Concurrently, Failure, Find, Program
+from .steps import Concurrently, Failure, Program
 
 __all__ = ["PAGE", "STREAMS", "ExportPlan", "ExportSummary", "Sink", "export_program"]
 
@@ -100,27 +100,25 @@ def _sent(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
     after: tuple[Any, str] | None = None
     while True:
         deadline = deadline_in(plan.timeout)
-        page = _answer((yield registry.registered(cluster, user, deadline, limit=PAGE, after=after)))
+        page = _answer((yield posts.registered(cluster, user, deadline, limit=PAGE, after=after)))
         if not page:
             return
-        keys = [d["data_key"] for d in page]
-        published = _answer((yield Find(cluster, "outbox", {"sender_id": user, "data_key": {"$in": keys}}, deadline)))
-        data: dict[str, Any] = {d["data_key"]: d for d in published}
-        missing = [k for k in keys if k not in data]
-        if missing:
-            copies = yield Concurrently([layout.sent_copy(cluster, user, k, deadline) for k in missing],
-                                        [cluster] * len(missing))
-            for key, copy in zip(missing, copies):
-                item = _answer(copy)
-                if item is not None:
-                    data[key] = {"event_time": item.event_time, "type": item.type, "data": item.data}
-        for key in keys:
-            if key in data:  # (a registered post with nothing stored any more is not a post of theirs)
-                doc = data[key]
-                emit({"data_key": key, "event_time": doc["event_time"], "type": doc["type"], "data": doc["data"]})
+        keys = posts.keys_of(page)
+        found = {a.data_key: a for a in map(outbox.activity_of, _answer((yield outbox.published(cluster, user, keys,
+                                                                                                  deadline))))}
+        missing = [k for k in keys if k not in found]
+        copies = yield Concurrently([layout.sent_copy(cluster, user, k, deadline) for k in missing],
+                                    [cluster] * len(missing))
+        for key, copy in zip(missing, copies):
+            item = _answer(copy)
+            if item is not None:
+                found[key] = Activity(sender_id=user, event_time=item.event_time, type=item.type, data=item.data,
+                                      data_key=key)
+        for a in (found[key] for key in keys if key in found):  # (a post with nothing stored any more is not one)
+            emit({"data_key": a.data_key, "event_time": a.event_time, "type": a.type, "data": a.data})
         if len(page) < PAGE:
             return
-        after = (page[-1]["event_time"], page[-1]["_id"])
+        after = posts.position_of(page[-1])
 
 
 def _received(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
@@ -140,7 +138,5 @@ def _received(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
 
 def _seen(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
     """The user's seen markers in *cluster*, oldest first (usually one)."""
-    order = tuple((field, 1) for field, _ in SEEN_SORT)
-    docs = _answer((yield Find(cluster, "seen", {"receiver_id": plan.user_id}, deadline_in(plan.timeout), sort=order)))
-    for d in docs:
-        emit({"event_time": d["event_time"], "item": d["key"]})
+    for marker in seen.positions(_answer((yield seen.markers(cluster, plan.user_id, deadline_in(plan.timeout))))):
+        emit({"event_time": marker.event_time, "item": marker.id})

@@ -72,7 +72,7 @@ from .writes import insert_program
 
 __all__ = [
     "DELETED", "EDITS_COLLECTION", "ERASED", "ERASURES_COLLECTION", "Fence", "FenceMemo", "Fixer", "NEVER", "Parties",
-    "Settled", "mark_deleted", "mark_updated", "read_erasures", "read_fences", "refuse_deleted", "settle",
+    "Settled", "forget", "mark_deleted", "mark_updated", "read_erasures", "read_fences", "refuse_deleted", "settle",
 ]
 
 log = logging.getLogger(__name__)
@@ -345,6 +345,12 @@ def mark_updated(
             yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": seq}}, deadline)
             return None
         # another update took this seq first: read again and take the next one
+
+
+def forget(cluster: str, keys: Sequence[str], deadline: float) -> Delete:
+    """The request that removes every edit record of *keys* in *cluster* (an erasure: an update's record holds the
+    post's data)."""
+    return Delete(cluster, EDITS_COLLECTION, {"data_key": {"$in": list(keys)}}, deadline)
 
 
 class FenceMemo:

@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -43,8 +43,8 @@ from .layouts import Layout, layout_for, outbox
 from .layouts.copies import older_than
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
-__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "mark_program", "marker_of", "marker_program",
-           "unseen_program"]
+__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "forget", "mark_program", "marker_of", "marker_program",
+           "markers", "positions", "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
@@ -139,6 +139,22 @@ def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: fl
         if docs:
             return Position(docs[0]["event_time"], docs[0]["key"]), i
     return None, len(names)
+
+
+def markers(cluster: str, receiver_id: int | str, deadline: float) -> Find:
+    """Every seen marker of *receiver_id* in *cluster*, lowest first (an export: usually one)."""
+    return Find(cluster, "seen", {"receiver_id": receiver_id}, deadline, sort=[(f, 1) for f, _ in SEEN_SORT],
+                projection={"_id": 0, "event_time": 1, "key": 1})
+
+
+def positions(docs: Sequence[Mapping[str, Any]]) -> list[Position]:
+    """The positions seen markers record (an answer to :func:`markers`)."""
+    return [Position(d["event_time"], d["key"]) for d in docs]
+
+
+def forget(cluster: str, receiver_id: int | str, deadline: float) -> Delete:
+    """The request that removes every seen marker of *receiver_id* in *cluster* (an erasure)."""
+    return Delete(cluster, "seen", {"receiver_id": receiver_id}, deadline)
 
 
 def _keys(answer: Any) -> Any:

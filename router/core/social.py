@@ -36,9 +36,8 @@ from ..model import to_utc
 from ..timemap import ReadWindow, TimeMap
 from ..model import Activity
 from .fanout import FanOutJob, plan_job
-from . import registry
 from .fence import Parties, settle
-from .layouts import entry_of, layout_for, outbox
+from .layouts import entry_of, layout_for, outbox, posts
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing
@@ -55,7 +54,7 @@ MAX_BACKFILL = 10_000
 
 
 def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudonyms: Pseudonyms | None = None) -> Program[bool]:
-    """Store the job's activity in its author's outbox, and register it by its sender (:mod:`router.core.registry`),
+    """Store the job's activity in its author's outbox, and register it by its sender (:mod:`router.core.layouts.posts`),
     both at once; True if the entry is new, False if it was there already.
 
     Raises the cluster's error if it cannot be stored, and :class:`ItemDeleted` (the entry
@@ -65,11 +64,11 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     a = job.activity
     oid = outbox_id(job.seconds, a.data_key)
     deadline = deadline_in(timeout)
-    post = registry.entry(a.sender_id, a.data_key, a.event_time)
+    post = posts.entry(a.sender_id, a.data_key, a.event_time)
     results = yield Concurrently([
         insert_program(job.cluster, "outbox", [outbox.document(oid, a)], policy=policy, deadline=deadline,
                        duplicates="present"),
-        insert_program(job.cluster, registry.POSTS, [post], policy=policy, deadline=deadline, duplicates="present"),
+        insert_program(job.cluster, posts.POSTS, [post], policy=policy, deadline=deadline, duplicates="present"),
     ], [job.cluster, job.cluster])
     for result in results:
         if result.failed:
@@ -80,7 +79,7 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
         raise settled.error
     fence = settled.fences[a.data_key]
     if fence.deleted:
-        for request in registry.fix(job.cluster, a.data_key, [post["_id"]], None, deadline_in(timeout)):
+        for request in posts.fix(job.cluster, a.data_key, [post["_id"]], None, deadline_in(timeout)):
             yield request  # (left behind if this fails: the sender's erasure, or a later publish, removes it)
         raise SenderErased(a.data_key) if fence.erased else ItemDeleted(a.data_key)
     return bool(results[0].written == 1)

@@ -38,9 +38,8 @@ from ..ids import make_ids
 from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
-from .layouts import Entry, Layout, item_entries, layout_for, same_entry
+from .layouts import Entry, Layout, item_entries, layout_for, posts, same_entry
 from .policy import RetryPolicy, code_kind, deadline_in
-from .registry import POSTS, entry_id
 from .routing import PastHorizon, Routing, routed
 from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
 
@@ -56,7 +55,7 @@ class WriteSettings:
     batch_size: int = 1000
     policy: RetryPolicy = RetryPolicy()
     timeout: float = 10.0
-    #: Register each batch's posts by sender (:mod:`router.core.registry`). False only to measure what that costs
+    #: Register each batch's posts by sender (:mod:`router.core.layouts.posts`). False only to measure what that costs
     #: (the benchmark): an erasure would not find the copies written so.
     register: bool = True
 
@@ -319,27 +318,18 @@ def _cluster_program(
 def _register_program(
     cluster: str, indexes: list[int], docs: list[Entry], settings: WriteSettings, deadline: float,
 ) -> Program[dict[int, RouterError]]:
-    """Register one cluster's share of a write in its posts registry (:mod:`router.core.registry`), a batch per
+    """Register one cluster's share of a write in its posts registry (:mod:`router.core.layouts.posts`), a batch per
     ``batch_size`` distinct posts; return the items whose post could not be registered, with the error."""
-    owners: dict[str, list[int]] = {}
-    posts: list[dict[str, Any]] = []
-    for i, doc in zip(indexes, docs):
-        key = entry_id(doc["sender_id"], doc["data_key"])
-        mine = owners.get(key)
-        if mine is None:
-            owners[key] = mine = []
-            posts.append({"_id": key, "sender_id": doc["sender_id"], "data_key": doc["data_key"],
-                          "event_time": doc["event_time"]})
-        mine.append(i)
+    registered, owners = posts.of_copies(indexes, docs)
     failed: dict[int, RouterError] = {}
     size = settings.batch_size
-    for start in range(0, len(posts), size):
-        chunk = posts[start : start + size]
-        result = yield from insert_program(cluster, POSTS, chunk, policy=settings.policy, deadline=deadline,
+    for start in range(0, len(registered), size):
+        chunk = registered[start : start + size]
+        result = yield from insert_program(cluster, posts.POSTS, chunk, policy=settings.policy, deadline=deadline,
                                            duplicates="present")
         failed.update((i, error) for pos, error in result.failed.items() for i in owners[chunk[pos]["_id"]])
         if result.stopped is not None:
-            failed.update((i, result.stopped.error) for post in posts[start + size :] for i in owners[post["_id"]])
+            failed.update((i, result.stopped.error) for post in registered[start + size :] for i in owners[post["_id"]])
             break
     return failed
 

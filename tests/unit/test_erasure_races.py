@@ -23,7 +23,7 @@ from router.core.layouts import EditSettings
 from router.core.policy import RetryPolicy
 from router.core.pseudonyms import Pseudonyms
 from router.core.social import backfill_program, store_outbox
-from router.core import registry
+from router.core.layouts import posts
 from router.core.steps import Insert, Program
 from router.testing.scripted import Run, ScriptedStore, interleavings, run_alone, sampled
 from router.timemap import TimeMap
@@ -65,7 +65,7 @@ def started(of: FanOutJob, *receivers: int) -> Any:
     erasure sends fewer requests; a job's start and records are raced below.)"""
     def setup(store: ScriptedStore) -> None:
         a = of.activity
-        store.answer(Insert(CLUSTER, registry.POSTS, [registry.entry(a.sender_id, a.data_key, a.event_time)], 0.0))
+        store.answer(Insert(CLUSTER, posts.POSTS, [posts.entry(a.sender_id, a.data_key, a.event_time)], 0.0))
         run_alone(batch(of, 0, list(receivers), record=False), store)
     return setup
 

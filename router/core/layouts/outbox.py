@@ -16,10 +16,11 @@ from bson import ObjectId
 
 from ...ids import copy_ids
 from ...model import Activity, FeedItem
-from ..steps import Find, Request
+from ..steps import Delete, Find, Request
 from .copies import PAGE_SORT, fix_requests, key_edit
 
-__all__ = ["activity_of", "document", "edit", "entry_key", "find", "fix", "keyed", "pulled_item", "sent_keys"]
+__all__ = ["activity_of", "document", "edit", "entry_key", "find", "fix", "keyed", "published", "pulled_item", "remove",
+           "sent_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,16 @@ def find(cluster: str, senders: Sequence[int | str], deadline: float, *, types: 
 def sent_keys(cluster: str, sender_id: int | str, deadline: float, *, limit: int) -> Find:
     """Up to *limit* of *sender_id*'s entries' ``data_key``\\ s, in no order (an erasure removes what it read)."""
     return Find(cluster, "outbox", {"sender_id": sender_id}, deadline, limit=limit, projection={"_id": 0, "data_key": 1})
+
+
+def published(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: float) -> Find:
+    """*sender_id*'s entries of the posts *keys* (at most one each)."""
+    return Find(cluster, "outbox", {"sender_id": sender_id, "data_key": {"$in": list(keys)}}, deadline)
+
+
+def remove(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: float) -> Delete:
+    """The request that removes *sender_id*'s entries of the posts *keys*."""
+    return Delete(cluster, "outbox", {"sender_id": sender_id, "data_key": {"$in": list(keys)}}, deadline)
 
 
 def keyed(doc: Mapping[str, Any], receiver_id: int | str) -> tuple[datetime, ObjectId] | None:
