@@ -50,7 +50,7 @@ from .jobs import (
     FanOutJob,
     positive_int,
 )
-from .layouts import LAYOUTS, copy_entries, layout_for
+from .layouts import LAYOUTS, EditSettings, Layout, copy_entries, layout_for
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing, routed
@@ -199,7 +199,8 @@ def batch_program(
         reasons: list[RouterError] = list(result.failed.values())
         if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
             settled = yield from settle(job.cluster, layout.fix, {a.data_key: ids}, seqs={a.data_key: known.seq},
-                                        timeout=timeout, parties=Parties({a.data_key: a.sender_id}, {a.data_key: valid}),
+                                        timeout=timeout, parties=Parties({a.data_key: a.sender_id}, {a.data_key: valid},
+                                                                         forget=_forget(layout, timeout)),
                                         pseudonyms=pseudonyms)
             if isinstance(settled, Failure):  # the copies are in doubt until the fence is read: not written
                 written, already, failed, stopped = 0, 0, list(valid), settled
@@ -240,3 +241,8 @@ def _without(erased: frozenset[int | str], valid: Sequence[Any], result: InsertR
     gone = [p for p, receiver in enumerate(valid) if receiver in erased and p not in result.failed]
     again = sum(1 for p in gone if p in present)
     return written - (len(gone) - again), already - again, skipped + len(gone)
+
+
+def _forget(layout: Layout, timeout: float) -> Callable[[str, int | str], Program[tuple[int, Any]]]:
+    """What removes everything of an erased receiver a batch meets, in the layout's steps."""
+    return lambda cluster, receiver: layout.remove_received(cluster, receiver, EditSettings(timeout=timeout))

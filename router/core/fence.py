@@ -131,6 +131,10 @@ class Parties:
 
     senders: Mapping[str, int | str]
     receivers: Mapping[str, Sequence[int | str]] = attrs.field(factory=dict)
+    #: What removes everything a cluster's feed holds for an erased receiver (``(cluster, receiver)``: the layout's
+    #: :meth:`~router.core.layouts.Layout.remove_received`): a bucket is its receiver's document, so removing the copies
+    #: just written would leave it naming them. Without it, only the copies just written are removed.
+    forget: Callable[[str, int | str], Program[tuple[int, Any]]] | None = None
 
 
 @attrs.frozen
@@ -291,10 +295,19 @@ def _drop_erased(
             names = parties.receivers.get(key, ())
             chosen = [oid for oid, receiver in zip(ids, names) if receiver in erased]
             receivers.update(receiver for receiver in names if receiver in erased)
+            if parties.forget is not None:  # the receivers' documents go whole, below
+                continue
         for request in fix(cluster, key, chosen, None, deadline) if chosen else ():
             answer = yield request
             if isinstance(answer, Failure):
                 return answer
+    forget = parties.forget
+    if forget is not None:
+        for receiver in sorted(receivers, key=str):
+            _removed, error = yield from forget(cluster, receiver)
+            if error is not None:
+                trouble = error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
+                return Failure("unavailable", trouble)
     log.info("cluster %s: documents written for erased users removed again: %d keys whole, copies of %d receivers",
              cluster, len(gone), len(receivers), extra={"cluster": cluster})
     return gone, receivers

@@ -37,7 +37,7 @@ from ..timemap import ReadWindow, TimeMap
 from ..model import Activity
 from .fanout import FanOutJob, plan_job
 from .fence import Parties, settle
-from .layouts import entry_of, layout_for, outbox, posts
+from .layouts import EditSettings, entry_of, layout_for, outbox, posts
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing
@@ -219,7 +219,8 @@ def backfill_program(
                                                duplicates="present", layout=layout)
             if result.failed:
                 raise next(iter(result.failed.values()))
-            parties = Parties(sent_by, {key: [receiver_id] * len(ids) for key, ids in written_ids.items()})
+            parties = Parties(sent_by, {key: [receiver_id] * len(ids) for key, ids in written_ids.items()},
+                              forget=lambda name, who: layout.remove_received(name, who, EditSettings(timeout=timeout)))
             settled = yield from settle(cluster, layout.fix, written_ids, timeout=timeout, parties=parties,
                                         pseudonyms=pseudonyms)
             if isinstance(settled, Failure):
