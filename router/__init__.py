@@ -18,6 +18,7 @@ import logging
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
+from .core.erasure import ErasureResult, ErasureStatus
 from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
@@ -51,6 +52,7 @@ from .errors import (
     WriteFailed,
     WrongEventLoop,
 )
+from .exports import ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle
 from .fanout.threads import FanOutExecutor, FanOutHandle
 from .ids import copy_id, data_key, object_id_for, outbox_id
@@ -72,6 +74,9 @@ __all__ = [
     "ConfigProblem",
     "DeleteFailed",
     "ErasureFailed",
+    "ErasureResult",
+    "ErasureStatus",
+    "ExportResult",
     "FanOutConflict",
     "FanOutExecutor",
     "FanOutFailed",
