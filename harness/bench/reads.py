@@ -38,12 +38,15 @@ def bench_pages(uris: Sequence[str]) -> Result:
         finds.clear()
         three = router.read(7, limit=50)
         spanning = (finds.total("find"), finds.documents, len(three), len(set(three.sources)))
-    ok = single == (1, 50, 50) and spanning[0] == spanning[3] == 3 and spanning[1] == spanning[2] == 50
+    # A page the newest cluster fills reads exactly its items. Older clusters are asked in waves, each for every
+    # entry still missing, so a spanning page may read up to one page more than it serves (here the second wave asks
+    # the 10-item and the 100-item clusters for 40 each at once): bounded, and the price of not asking one by one.
+    ok = single == (1, 50, 50) and spanning[0] == spanning[3] == 3 and spanning[2] == 50 and spanning[1] <= 2 * spanning[2]
     note = (f"newest cluster fills the page: {single[0]} find, {single[1]} documents for {single[2]} items; "
             f"page over {spanning[3]} clusters: {spanning[0]} finds, {spanning[1]} documents for {spanning[2]} items")
-    return Result("commands_per_page", "commands per page (finds; documents = items)", "finds",
+    return Result("commands_per_page", "commands per page (finds; documents read per item served)", "finds",
                   [float(single[0]), float(spanning[0])], [1.0, 3.0], [float(single[1] - single[2]), float(spanning[1] - spanning[2])],
-                  "1 find; k finds; docs = items", ok, note)
+                  "1 find, docs = items; k finds, docs <= 2 x items (waves)", ok, note)
 
 
 def bench_read(uris: Sequence[str], reps: int, rounds: int) -> Result:

@@ -41,6 +41,7 @@ from pymongo.errors import PyMongoError
 
 from ..config import RouterConfig
 from ..errors import MigrationError
+from ..storage import finds
 from ..storage.clusters import Capabilities, Cluster
 
 __all__ = ["Migration", "MigrationContext", "MigrationReport", "discover", "default_folder", "migrate_cluster", "MIGRATIONS_COLLECTION"]
@@ -188,7 +189,7 @@ class MigrationReport:
 def applied_migrations(cluster: Cluster, config: RouterConfig) -> dict[str, dict[str, Any]]:
     """The migrations recorded in *cluster*, by id."""
     coll = cluster.db[MIGRATIONS_COLLECTION]
-    return cluster.call("reading migrations", lambda: {d["_id"]: d for d in coll.find({})})
+    return cluster.call("reading migrations", lambda: {d["_id"]: d for d in finds.read(coll, {})})
 
 
 def migrate_cluster(

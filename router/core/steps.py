@@ -57,7 +57,7 @@ T = TypeVar("T")
 Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "fanout_sent", "metadata", "seen", "edits",
                                 "posts", "erasures"]
 #: How a failed request failed, which decides what may be done next (see :mod:`router.core.policy`).
-FailureKind: TypeAlias = Literal["transient", "timeout", "unavailable", "refused", "too_large"]
+FailureKind: TypeAlias = Literal["transient", "timeout", "cancelled", "unavailable", "refused", "too_large"]
 
 
 @attrs.frozen(slots=True)
@@ -67,7 +67,11 @@ class Failure:
     * ``transient``: the connection broke mid-request, or a step-down; the request may or
       may not have been carried out, and trying again may work.
     * ``timeout``: no answer before the deadline (or the socket timeout); not retried,
-      because the time it had is spent.
+      because the time it had is spent (and the server may still be carrying it out).
+    * ``cancelled``: the server stopped the request at its time limit (``maxTimeMS``:
+      MongoDB's MaxTimeMSExpired, FerretDB 2's cancelled statement) and answered so; it
+      works on it no more (of a multi-document write, FerretDB 2 did nothing, MongoDB
+      perhaps a part). Not retried as it was; a smaller one may pass.
     * ``unavailable``: no server could be selected, or the router is closing.
     * ``refused``: the server answered with an error (authentication, a bad command).
     * ``too_large``: the server refused a statement as too large for it (FerretDB's limits on
@@ -85,7 +89,7 @@ class Failure:
     @property
     def cluster_down(self) -> bool:
         """True when the cluster gave no answer (``transient``, ``timeout``, ``unavailable``); False when it answered
-        with a refusal (``refused``, ``too_large``)."""
+        with a refusal (``refused``, ``too_large``) or stopped the request at its time limit (``cancelled``)."""
         return self.kind in ("transient", "timeout", "unavailable")
 
 

@@ -43,6 +43,7 @@ from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
 from .capabilities import Capabilities
 from .clients import DEFAULT_OPTIONS, Collections, Deployments, client_maker, client_options, collection_names, secrets_of
+from . import finds
 from .errors import driver_error
 from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
 
@@ -168,7 +169,7 @@ class Cluster:
     def metadata_documents(self) -> list[dict[str, Any]]:
         """Every document in this cluster's metadata collection (a valid cluster has one)."""
         metadata = self.metadata
-        return self.call("reading metadata", lambda: list(metadata.find({}, limit=10)))
+        return self.call("reading metadata", lambda: finds.read(metadata, {}, limit=10))
 
     def write_meta(self, meta: ClusterMeta) -> None:
         """Store *meta* as this cluster's metadata document (upsert on ``_id``)."""

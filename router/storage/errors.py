@@ -16,11 +16,17 @@ from ..core.steps import Failure, FailureKind
 from ..errors import ClusterUnavailable
 from ..uris import redact_uri
 
-__all__ = ["STATEMENT_TOO_LARGE", "classify", "driver_error"]
+__all__ = ["QUERY_CANCELED", "STATEMENT_TOO_LARGE", "TIME_LIMIT_CODES", "classify", "driver_error"]
 
 #: FerretDB's errors for a statement with more parameters than its backend takes:
 #: SQLite (32,766) and PostgreSQL's extended protocol (65,535).
 STATEMENT_TOO_LARGE = ("too many SQL variables", "extended protocol limited to 65535 parameters")
+#: FerretDB 2's code for a statement PostgreSQL cancelled (SQLSTATE 57014, ``query_canceled``, encoded as PostgreSQL
+#: encodes SQLSTATEs): what a write gets when it runs past the request's ``maxTimeMS`` ("canceling statement due to
+#: statement timeout"), where MongoDB answers MaxTimeMSExpired (50). Nothing of the statement was done.
+QUERY_CANCELED = 67371461
+#: The codes of a request the server stopped at its time limit (``cancelled``): MaxTimeMSExpired, and FerretDB 2's.
+TIME_LIMIT_CODES = frozenset({50, QUERY_CANCELED})
 
 
 def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterUnavailable:
@@ -55,6 +61,8 @@ def _timed_out(exc: BaseException) -> bool:
 def _kind(exc: BaseException) -> FailureKind:
     if isinstance(exc, ServerSelectionTimeoutError):
         return "unavailable"
+    if isinstance(exc, OperationFailure) and exc.code in TIME_LIMIT_CODES:  # the server stopped it, and said so
+        return "cancelled"
     if _timed_out(exc):  # before AutoReconnect: NetworkTimeout is one, and a timeout is not retried
         return "timeout"
     if isinstance(exc, AutoReconnect):  # connection lost mid-request, not primary, step-down

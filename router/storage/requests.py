@@ -12,6 +12,7 @@ from typing import Any
 
 from bson.errors import BSONError
 from pymongo import UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..core.policy import code_kind
@@ -30,6 +31,8 @@ from ..core.steps import (
 from ..errors import ClusterUnavailable
 from ..observe import Event
 from .errors import classify
+from .finds import read as read_sync
+from .finds import read_async
 
 __all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
 
@@ -45,9 +48,10 @@ _SENT_AS_IS: Callable[[Any], Any] = lambda raw: raw  # noqa: E731
 
 def call_for(request: IORequest, coll: Any) -> Call:
     """The pymongo call for *request* on collection *coll* (sync or async: the same methods)."""
-    if isinstance(request, Find):
-        cursor = coll.find(request.filter, request.projection, sort=request.sort, limit=request.limit)
-        return cursor.to_list, _SENT_AS_IS
+    if isinstance(request, Find):  # read in whole first batches, never by getMore (see router.storage.finds)
+        read = read_async if isinstance(coll, AsyncCollection) else read_sync
+        return (lambda: read(coll, request.filter, sort=request.sort, limit=request.limit,
+                             projection=request.projection)), _SENT_AS_IS
     if isinstance(request, Count):
         limit = {"limit": request.limit} if request.limit else {}
         return (lambda: coll.count_documents(request.filter, **limit)), int

@@ -89,6 +89,7 @@ def test_examples_run(page: Path, servers: LocalClusters, broker: LocalRedis, ma
     register(config)
     (tmp_path / "clusters.yaml").write_text(clusters_yaml(config, servers, broker))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MONGODB_URI", servers.uris[0])  # the server a page's stand-alone script talks to
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     try:
         for line, code in python_blocks(page):

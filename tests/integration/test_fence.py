@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from router import Activity, DeleteFailed, FeedRouter, ItemDeleted, RouterConfig, data_key
+from router import Activity, DeleteFailed, FeedRouter, ItemDeleted, RouterConfig, UpdateFailed, data_key
 from router.fanout.celery import make_app, publish_fan_out, send_batch
 from router.model import to_millis as millis
 from harness.bench_celery import WorkerProcess
@@ -157,6 +157,37 @@ def test_update_during_a_background_fan_out_reaches_every_copy(router: FeedRoute
     assert copies(raw_clients, db_name, act.data_key) == n
     assert copies(raw_clients, db_name, act.data_key, data={"$ne": NEW}) == 0
     assert raw_clients[OWNER][db_name].outbox.find_one({"data_key": act.data_key})["data"] == NEW  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_update_during_a_40k_fan_out_with_the_default_timeout(
+    make_router: Callable[..., FeedRouter], raw_clients: Clients, db_name: str,
+) -> None:
+    """update() with the default timeout (10 s) while a 40,000-follower publish runs in the background: it returns
+    (called again after an UpdateFailed, as the README says, a few times at most), and once the fan-out ends every
+    copy and the outbox entry carry the new data."""
+    router = make_router()
+    act = post(26)
+    n = 40_000
+    handle = router.publish(act, range(n), background=True, batch_size=500).handle
+    written_at_least(handle, 5_000)
+    calls: list[tuple[str, float]] = []
+    for _ in range(5):
+        began = time.monotonic()
+        try:
+            router.update(act.data_key, NEW)
+        except UpdateFailed as failed:
+            calls.append((f"failed after {failed.updated}", time.monotonic() - began))
+            continue
+        calls.append(("done", time.monotonic() - began))
+        break
+    assert calls[-1][0] == "done", calls
+    result = handle.result(timeout=600)
+    assert result.ok and result.written == n
+    assert copies(raw_clients, db_name, act.data_key) == n
+    assert copies(raw_clients, db_name, act.data_key, data={"$ne": NEW}) == 0
+    assert raw_clients[OWNER][db_name].outbox.find_one({"data_key": act.data_key})["data"] == NEW  # type: ignore[index]
+    print(f"\nupdate during a 40k fan-out: {calls}")
 
 
 def test_delete_during_backfills_leaves_no_copy(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:

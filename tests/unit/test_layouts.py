@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import bson
 import pytest
 from bson import ObjectId
 
 from router.core.layouts import DEFAULT, LAYOUTS, layout_named
+from router.core.checks import MAX_DATA_BYTES
 from router.core.layouts.copies import newer_than, older_than
+from router.core.steps import Update
 from router.cursor import Position
 from router.errors import InvalidItem
 from router.model import ClusterMeta
@@ -43,3 +46,22 @@ def test_metadata_records_a_layout_only_when_not_the_default() -> None:
     timemap = TimeMap([plain.__class__(name="c1", start_date=start, end_date=other.start_date), other])
     assert timemap.layout_of("c1") == "copies" and timemap.layout_of("c2") == "buckets"
     assert timemap.layout_of("not-there") == "copies"
+
+
+@pytest.mark.parametrize("layout", ["copies", "buckets"])
+def test_fixing_copies_with_the_largest_data_keeps_every_statement_within_16_mib(layout: str) -> None:
+    """The requests that re-data 10,000 just-written copies with data of MAX_DATA_BYTES: each statement (filter,
+    update and array filters) fits in 16 MiB, carrying the data once, and together they name every id."""
+    data = {"fill": "x" * (MAX_DATA_BYTES - 64)}
+    ids = [ObjectId() for _ in range(10_000)]
+    requests = layout_named(layout).fix("c", "k" * 1024, ids, data, 0.0)
+    assert all(isinstance(r, Update) for r in requests)
+    named: list[ObjectId] = []
+    for request in requests:
+        assert isinstance(request, Update)
+        statement = {"q": request.filter, "u": request.update, "arrayFilters": request.array_filters or []}
+        assert len(bson.encode(statement)) <= 16 * 1024 * 1024
+        assert bson.encode(request.filter).count(b"x" * 1000) == 0  # the data is not matched on
+        found = request.filter.get("_id") or request.filter["items"]["$elemMatch"]["_id"]
+        named.extend(found["$in"])
+    assert named == ids

@@ -7,6 +7,7 @@ from pymongo.errors import (
     ExecutionTimeout,
     NetworkTimeout,
     ServerSelectionTimeoutError,
+    WriteError,
     WTimeoutError,
     _OperationCancelled,
 )
@@ -15,11 +16,10 @@ from router.storage.errors import classify
 
 
 def test_a_timeout_is_a_timeout_however_pymongo_shows_it() -> None:
-    """The socket timeout, the server's time limit, a write concern's wtimeout and a request pymongo cancelled because
+    """The socket timeout, the deadline, a write concern's wtimeout and a request pymongo cancelled because
     its monitor timed out on the cluster are all timeouts, never retried; a dropped connection stays transient."""
     timeouts = [
         NetworkTimeout("timed out"),
-        ExecutionTimeout("operation exceeded time limit", 50),
         WTimeoutError("waiting for replication timed out", 64),
         _OperationCancelled("operation cancelled"),
     ]
@@ -31,3 +31,15 @@ def test_a_timeout_is_a_timeout_however_pymongo_shows_it() -> None:
     assert "writing feed timed out: the cluster stopped answering" in str(cancelled)
     assert classify("cluster_1", AutoReconnect("connection closed"), doing="writing feed").retryable
     assert classify("cluster_1", ServerSelectionTimeoutError("no servers"), doing="writing feed").kind == "unavailable"
+
+
+def test_a_request_the_server_stopped_at_its_time_limit_is_cancelled() -> None:
+    """MongoDB's MaxTimeMSExpired (50), and FerretDB 2's cancelled statement (PostgreSQL's query_canceled, SQLSTATE
+    57014, as code 67371461): ``cancelled`` (the server answered, and works on it no more), not retried, not the
+    cluster down; an edit step that met it is split rather than reported refused."""
+    ferretdb2 = WriteError("canceling statement due to statement timeout", 67371461,
+                           {"index": 0, "code": 67371461, "errmsg": "canceling statement due to statement timeout"})
+    for exc in (ExecutionTimeout("operation exceeded time limit", 50), ferretdb2):
+        failure = classify("cluster_2", exc, doing="updating feed")
+        assert (failure.kind, failure.retryable, failure.cluster_down) == ("cancelled", False, False), exc
+    assert classify("cluster_2", WriteError("E11000 duplicate key", 11000), doing="updating feed").kind == "refused"

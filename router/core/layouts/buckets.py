@@ -79,7 +79,7 @@ from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Delete, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
-from .copies import chunks, in_steps, item_of
+from .copies import DIGEST, chunks, digest, in_steps, item_of
 
 __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD", "first_bucket"]
 
@@ -139,17 +139,18 @@ def _append(entry: Entry, again: bool, sizes: dict[tuple[Any, ...], int]) -> tup
 
 
 def _data_size(data: Mapping[str, Any]) -> int:
-    """What giving a copy *data* adds to its bucket's ``bytes`` at most (its old data is not subtracted)."""
-    return len(bson.encode({"data": data}))
+    """What giving a copy *data* (and its digest) adds to its bucket's ``bytes`` at most (its old data is not
+    subtracted)."""
+    return len(bson.encode({"data": data, DIGEST: digest(data)}))
 
 
-def _redata(data_key: str, data: Mapping[str, Any], match: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The filter (*match* narrowed to buckets with room) and update that give the copy of *data_key* in each bucket
-    new data, charging its size to ``bytes`` (arrayFilters: the positional ``$`` with ``$elemMatch`` is refused by
-    some servers)."""
+def _redata(data: Mapping[str, Any], match: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The filter (*match* narrowed to buckets with room) and update that give the copies picked by :func:`_the_key`
+    new data and its digest, charging its size to ``bytes`` (arrayFilters: the positional ``$`` with ``$elemMatch``
+    is refused by some servers)."""
     size = _data_size(data)
     return ({**match, "bytes": {"$lte": MAX_BYTES - size}},
-            {"$set": {"items.$[copy].data": data}, "$inc": {"bytes": size}})
+            {"$set": {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": digest(data)}, "$inc": {"bytes": size}})
 
 
 def _the_key(data_key: str) -> list[dict[str, Any]]:
@@ -157,7 +158,7 @@ def _the_key(data_key: str) -> list[dict[str, Any]]:
 
 
 def _stale(data_key: str, data: Mapping[str, Any]) -> dict[str, Any]:
-    return {"items": {"$elemMatch": {"data_key": data_key, "data": {"$ne": data}}}}
+    return {"items": {"$elemMatch": {"data_key": data_key, DIGEST: {"$ne": digest(data)}}}}
 
 
 def _key(t: datetime, oid: ObjectId) -> tuple[datetime, bytes]:
@@ -225,13 +226,14 @@ class Buckets(Layout):
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
             deadline: float) -> list[Request]:
         out: list[Request] = []
-        for chunk in chunks(ids):
+        mark = digest(data) if data is not None else ""
+        for chunk in chunks(ids, beside=0 if data is None else len(bson.encode(data))):
             if data is None:  # (data_key first: its index finds the buckets)
                 out.append(Update(cluster, "feed", {"items.data_key": data_key, "items._id": {"$in": chunk}},
                                   {"$pull": {"items": {"_id": {"$in": chunk}}}, **_SEAL}, deadline))
             else:
-                match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, "data": {"$ne": data}}}}
-                target, update = _redata(data_key, data, match)
+                match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, DIGEST: {"$ne": mark}}}}
+                target, update = _redata(data, match)
                 out.append(Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key)))
         return out
 
@@ -298,7 +300,8 @@ class Buckets(Layout):
         if data is None:
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
                                         update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what))
-        match, update = _redata(data_key, data, _stale(data_key, data))
+        # Matched on the data's digest, not the data, which would make the statement carry it twice.
+        match, update = _redata(data, _stale(data_key, data))
         done, error = yield from in_steps(cluster, "feed", match, steps, update=update, array_filters=_the_key(data_key),
                                           what=what)
         if error is not None:

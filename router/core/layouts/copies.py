@@ -1,7 +1,7 @@
 """``copies``: one document per copy, the router's first layout (and the default).
 
 A copy is stored as exactly ``{_id, data_key, receiver_id, sender_id, event_time, type,
-data}`` in ``feed`` (the entry itself). A page is one index-ordered ``find`` on
+data}`` in ``feed`` (the entry itself); an update adds ``data_digest`` (:func:`key_edit`). A page is one index-ordered ``find`` on
 ``{receiver_id: 1, event_time: -1, _id: -1}``; a delete or update by key walks the
 ``{data_key: 1}`` index in bounded steps.
 
@@ -11,18 +11,23 @@ sample of matching ids (one cheap, unsorted ``find``) so that a step edits about
 ``step`` documents. The share adapts from step to step to what was actually edited, so
 it suits random ids (fan-out copies) and sequential ones alike. A step the server
 refuses as too large (FerretDB's statement parameter limits: 32,766 on SQLite, 65,535
-on PostgreSQL) is retried at a quarter of the size. On MongoDB each step is an index
-scan; on FerretDB, which filters ranges after fetching every match, a step costs time
-in proportion to the matches left.
+on PostgreSQL), or does not finish within ``timeout``, is tried again at a quarter of
+the size (:func:`in_steps`). On MongoDB and FerretDB 2 each step is an index range; on
+FerretDB 1, which filters ranges after fetching every match, a step costs time in
+proportion to the matches left (and FerretDB 1 finishes a statement whose client gave
+up, so further calls find that work done).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
+import bson
 from bson import ObjectId
 
 from ...cursor import Position
@@ -31,7 +36,7 @@ from ..policy import deadline_in
 from ..steps import Collection, Count, Delete, Failure, Find, Insert, Program, Request, Update, UpdateOutcome
 from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
 
-__all__ = ["Copies", "IDS_PER_STATEMENT", "PAGE_SORT", "chunks", "older_than", "in_steps"]
+__all__ = ["Copies", "DIGEST", "IDS_PER_STATEMENT", "PAGE_SORT", "chunks", "digest", "older_than", "in_steps"]
 
 log = logging.getLogger(__name__)
 #: The order of a page, and of the index every page query uses.
@@ -42,11 +47,26 @@ OLDEST_FIRST = (("event_time", 1), ("_id", 1))
 IDS_PER_STATEMENT = 10_000
 #: Steps between two progress lines in the log.
 PROGRESS_EVERY = 10
+#: Times in a row a step that ran out of time is split in four and tried again, before the call gives up.
+SPLITS = 3
+#: The field an updated copy (or outbox entry) carries beside its ``data``: :func:`digest` of that data.
+DIGEST = "data_digest"
+#: What one statement may hold: MongoDB's 16 MiB document limit, less room for a key and the operators.
+STATEMENT_BYTES = 16 * 1024 * 1024 - 16 * 1024
+#: What one id takes in an ``$in`` list (an ObjectId, its type and its index key).
+ID_BYTES = 20
 
 
-def chunks(ids: Sequence[Any]) -> list[list[Any]]:
-    """*ids* in lists of at most :data:`IDS_PER_STATEMENT`."""
-    return [list(ids[i:i + IDS_PER_STATEMENT]) for i in range(0, len(ids), IDS_PER_STATEMENT)]
+def chunks(ids: Sequence[Any], *, beside: int = 0) -> list[list[Any]]:
+    """*ids* in lists of at most :data:`IDS_PER_STATEMENT`, fewer when each statement also carries *beside* bytes
+    (new data), so that it stays within :data:`STATEMENT_BYTES`."""
+    size = max(1, min(IDS_PER_STATEMENT, (STATEMENT_BYTES - beside) // ID_BYTES))
+    return [list(ids[i:i + size]) for i in range(0, len(ids), size)]
+
+
+def digest(data: Mapping[str, Any]) -> str:
+    """A digest of *data* as BSON (16 bytes of BLAKE2b, in hex): what an update matches on instead of the data."""
+    return hashlib.blake2b(bson.encode(data), digest_size=16).hexdigest()
 
 
 def older_than(position: Position | None, id_field: str = "_id") -> dict[str, Any]:
@@ -80,13 +100,25 @@ def in_steps(
     """Delete (or, with *update*, update) every document matching *match*, about ``step`` at a time.
 
     *match* must stop matching a document once it is edited (an update excludes its own
-    result), so the loop ends. Returns how many were changed, and the error that stopped it.
-    When the first sample holds every match, that is one ``find`` and one edit; a copy
-    written after the edit is a race every edit has, and calling it again removes it.
+    result), so the loop ends, and a further call goes on where this one stopped. Returns
+    how many were changed, and the error that stopped it. When the first sample holds
+    every match, that is one ``find`` and one edit; a copy written after the edit is a race
+    every edit has, and calling it again removes it.
+
+    **Steps that run out of time are split.** A step the server stops at its time limit
+    (``cancelled``: the request's ``timeout``, sent as ``maxTimeMS``) is tried again at a
+    quarter of its size (re-sampled first: MongoDB may have done part of it), up to
+    :data:`SPLITS` times in a row; after a quick step (under a quarter of ``timeout``) the
+    next one doubles, back up to ``step``. So a slow server gets steps it can finish, and
+    a call that must stop leaves every step it finished done. A step the client gave up
+    on (``timeout``: no answer in time) ends the call instead: the server may still be
+    carrying it out (FerretDB 1 ignores ``maxTimeMS`` and finishes it), and more steps
+    would only pile up behind it; the next call finds that work done.
     """
-    done = steps = 0
+    done = steps = splits = 0
     size = settings.sample
     left: float = 10.0 * size  # matching documents left: a guess, then what each step suggests
+    per_step = float(settings.step)  # documents a step should edit: less after a step the server stopped
     while True:
         sample = yield Find(cluster, collection, match, deadline_in(settings.timeout), projection={"_id": 1}, limit=size)
         if isinstance(sample, Failure):
@@ -94,14 +126,15 @@ def in_steps(
         if not sample:
             return done, None
         ids = sorted(d["_id"] for d in sample)
-        position = len(ids)
-        target: Mapping[str, Any] = match  # fewer than a sample left: every one of them, in one statement
-        if len(ids) == size:
-            position = min(len(ids), max(1, int(len(ids) * settings.step / max(left, 1.0))))
+        whole = len(ids) < size  # the sample holds every match
+        position = max(1, min(len(ids), int(len(ids) * per_step / (len(ids) if whole else max(left, 1.0)))))
+        target: Mapping[str, Any] = match  # every match left, in one statement
+        if not (whole and position == len(ids)):
             target = {**match, "_id": {"$lte": ids[position - 1]}}
-            if steps == 0:
+            if steps == 0 and splits == 0 and not whole:
                 log.info("cluster %s: %s: more than %d documents, in steps of about %d", cluster, what, size, settings.step)
-        deadline = deadline_in(settings.timeout)
+        began = time.monotonic()
+        deadline = began + settings.timeout
         if update is None:
             answer = yield Delete(cluster, collection, target, deadline)
         else:
@@ -110,31 +143,55 @@ def in_steps(
             if answer.kind == "too_large" and position > 1:
                 left = max(left, 1.0) * 4 * max(1.0, len(ids) / position)  # the range held far more: narrow it
                 continue
+            if answer.kind == "cancelled" and position > 1 and splits < SPLITS:
+                splits += 1
+                per_step = max(1.0, min(per_step, _docs_in(position, ids, whole, left)) / 4)
+                log.info("cluster %s: %s: the server stopped a step of about %d documents at its time limit (%.1f s); "
+                         "trying a quarter of it",
+                         cluster, what, _docs_in(position, ids, whole, left), settings.timeout)
+                continue
             return done, answer.error
+        took = time.monotonic() - began
         edited = answer.modified if isinstance(answer, UpdateOutcome) else answer
         done += edited
         steps += 1
+        splits = 0
         if target is match:  # every match was in the sample, and that statement edited them all
             return done, None
-        if edited:  # the sample's share of the range, scaled to what the range really held
+        if edited and not whole:  # the sample's share of the range, scaled to what the range really held
             left = max(edited * len(ids) / position - edited, 0.0)
+        if took < settings.timeout / 4:  # grow back after a split, while steps stay quick
+            per_step = min(float(settings.step), per_step * 2)
         if steps % PROGRESS_EVERY == 0:
             log.info("cluster %s: %s: %d documents so far, about %d left, %d steps", cluster, what, done, left, steps)
 
 
+def _docs_in(position: int, ids: Sequence[Any], whole: bool, left: float) -> float:
+    """About how many documents a step up to ``ids[position - 1]`` covers."""
+    return float(position) if whole else position * max(left, 1.0) / len(ids)
+
+
 def key_edit(data_key: str, data: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The match and update (None: delete) of every document of *data_key* (copies and outbox entries alike)."""
+    """The match and update (None: delete) of every document of *data_key* (copies and outbox entries alike).
+
+    An update sets ``data`` and its :func:`digest`, and matches the documents whose digest
+    differs (which excludes each document once updated, so a sweep ends and a further call
+    goes on where the last stopped). Matching on the data itself would carry it twice in
+    one statement: data over about 8 MiB would not fit in 16 MiB.
+    """
     if data is None:
         return {"data_key": data_key}, None
-    return {"data_key": data_key, "data": {"$ne": data}}, {"$set": {"data": data}}
+    mark = digest(data)
+    return {"data_key": data_key, DIGEST: {"$ne": mark}}, {"$set": {"data": data, DIGEST: mark}}
 
 
 def fix_requests(cluster: str, collection: Collection, data_key: str, ids: Sequence[Any],
                  data: Mapping[str, Any] | None, deadline: float) -> list[Request]:
-    """Remove (or re-data) the documents of *data_key* among *ids*, a statement per :data:`IDS_PER_STATEMENT`."""
+    """Remove (or re-data) the documents of *data_key* among *ids*, a statement per :data:`IDS_PER_STATEMENT` (fewer
+    ids beside big data)."""
     match, update = key_edit(data_key, data)
     out: list[Request] = []
-    for chunk in chunks(ids):
+    for chunk in chunks(ids, beside=0 if data is None else len(bson.encode(data))):
         # data_key first: FerretDB fetches only that key's documents, then filters the ids
         target = {**match, "_id": {"$in": chunk}}
         out.append(Delete(cluster, collection, target, deadline) if update is None
