@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from ..config import RouterConfig
@@ -16,7 +15,9 @@ from ..errors import ClusterUnavailable, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
+from ..core.erasure import ErasureRecord, unsettled
 from ..core.layouts import DEFAULT
+from ..storage import finds
 from .migrate import applied_migrations, discover
 from .periods import layout_problem
 
@@ -63,20 +64,25 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
 
 
 def unfinished_erasures(cluster: Cluster) -> list[str]:
-    """A problem for each erasure record of *cluster* still ``running`` with no finished erasure of the same user
-    after it (an ``erase_user`` that stopped part-way and was not called again)."""
+    """A problem for each erasure record of *cluster* still ``running`` that no ``done`` erasure of the same user,
+    requested at or after it, settles (an ``erase_user`` that stopped part-way and was not called again:
+    :func:`~router.core.erasure.unsettled`)."""
     records = cluster.db["erasures"]
-    running = cluster.call("reading erasure records", lambda: list(records.find({"state": "running"})))
+    running = cluster.call("reading erasure records", lambda: finds.read(records, {"state": "running"}))
+    if not running:
+        return []
+    users = list({r["user"]: None for r in running if "user" in r})
+    theirs = cluster.call("reading erasure records", lambda: finds.read(records, {"user": {"$in": users}}))
+    by_user: dict[Any, list[ErasureRecord]] = {}
+    for doc in theirs + [r for r in running if "user" not in r]:
+        by_user.setdefault(doc.get("user"), []).append(ErasureRecord.from_document(cluster.name, doc))
     problems = []
-    for record in running:
-        done = cluster.call("reading erasure records", lambda: records.count_documents(
-            {"user": record.get("user"), "state": "done", "_id": {"$gt": record["_id"]}}, limit=1))
-        if not done:
-            when = record.get("requested_at")
-            problems.append(
-                f"cluster {cluster.name!r}: erasure {record['_id']} (asked by {record.get('requested_by')!r} at "
-                f"{when.isoformat() if isinstance(when, datetime) else '?'}) did not finish: call erase_user "
-                "(feedrouter erase) again for the same user; feedrouter erase-status USER shows it")
+    for record in (r for user_records in by_user.values() for r in unsettled(user_records)):
+        when = record.requested_at
+        problems.append(
+            f"cluster {cluster.name!r}: erasure {record.request_id} (asked by {record.requested_by!r} at "
+            f"{when.isoformat() if when is not None else '?'}) did not finish: call erase_user "
+            "(feedrouter erase) again for the same user; feedrouter erase-status USER shows it")
     return problems
 
 

@@ -38,8 +38,8 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import attrs
@@ -55,9 +55,11 @@ from .steps import Concurrently, Delete, Failure, Find, Program, Update, ask
 from .writes import insert_program
 
 __all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureRecord", "ErasureResult", "ErasureStatus",
-           "erase_program", "status_program"]
+           "erase_program", "status_program", "unsettled"]
 
 log = logging.getLogger(__name__)
+#: The request time of a record that has none (read from a document written by hand): before every other.
+_NEVER = datetime.min.replace(tzinfo=timezone.utc)
 #: What an erasure counts in each cluster, in the order it removes them (``feed_sent``: copies of the user's posts
 #: in any feed; ``feed_received``: copies in the user's feed).
 COUNTED = ("feed_sent", "fanouts", "fanout_batches", "fanout_sent", "edits", "outbox", "posts", "feed_received", "seen")
@@ -251,8 +253,9 @@ def _count(request: Delete, counts: dict[str, int], counted: str) -> Program[Clu
 class ErasureStatus:
     """A user's erasure records in every cluster (``erase-status``), oldest request first; nothing names the user.
 
-    ``finished``: every cluster that holds a record of the user holds a ``done`` one (an
-    erasure stopped part-way and called again is finished); ``unfinished`` lists the others.
+    ``finished``: in every cluster that holds a record of the user, each ``running`` one is
+    followed by a ``done`` one (an erasure stopped part-way and called again is finished);
+    ``unfinished`` lists the others.
     ``records`` is empty for a user never erased.
     """
 
@@ -260,9 +263,8 @@ class ErasureStatus:
 
     @property
     def unfinished(self) -> tuple[str, ...]:
-        """Clusters with a record of the user and no ``done`` one."""
-        done = {r.cluster for r in self.records if r.state == "done"}
-        return tuple(dict.fromkeys(r.cluster for r in self.records if r.cluster not in done))
+        """Clusters with a record of the user that no later ``done`` one settles (:func:`unsettled`)."""
+        return tuple(dict.fromkeys(r.cluster for r in unsettled(self.records)))
 
     @property
     def finished(self) -> bool:
@@ -271,6 +273,19 @@ class ErasureStatus:
     def to_json(self) -> dict[str, Any]:
         return {"finished": self.finished, "unfinished": list(self.unfinished),
                 "records": [r.to_json() for r in self.records]}
+
+
+def unsettled(records: Iterable[ErasureRecord]) -> list[ErasureRecord]:
+    """The ``running`` records among one user's *records* that no ``done`` record of the same cluster, requested at
+    or after them, settles: erasures that stopped part-way and were not called again since. Ordered by when they
+    were asked, not by id: two processes' ids of the same second are in no particular order."""
+    records = list(records)
+    done: dict[str, datetime] = {}
+    for r in records:
+        if r.state == "done":
+            done[r.cluster] = max(done.get(r.cluster, _NEVER), r.requested_at or _NEVER)
+    return [r for r in records
+            if r.state != "done" and (r.cluster not in done or done[r.cluster] < (r.requested_at or _NEVER))]
 
 
 def status_program(pseudonym: bytes, names: Sequence[str], *, deadline: float) -> Program[ErasureStatus]:
@@ -284,4 +299,5 @@ def status_program(pseudonym: bytes, names: Sequence[str], *, deadline: float) -
             raise answer.error
         records.extend(ErasureRecord.from_document(name, doc) for doc in answer)
     order = {name: i for i, name in enumerate(names)}
-    return ErasureStatus(tuple(sorted(records, key=lambda r: (r.request_id, order[r.cluster]))))
+    oldest_first = sorted(records, key=lambda r: (r.requested_at or _NEVER, r.request_id, order[r.cluster]))
+    return ErasureStatus(tuple(oldest_first))

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import pytest
+from bson import ObjectId
 
 from router import Activity, FeedItem, FeedRouter, InvalidItem, RouterConfig, data_key
 from router.admin.migrate import MIGRATIONS_COLLECTION, discover, migrate_cluster
@@ -294,3 +295,30 @@ def test_operators_erase_export_and_see_the_proof(router: Any, config: RouterCon
     assert main(["-c", str(path), "erase", str(USER), "--by", "ticket 4411"]) == 0
     report, _ = check_report(config)
     assert not any("erasure" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize(("door", "layout"), [("sync", "copies")])
+def test_a_stopped_erasure_is_finished_by_a_later_one_whatever_the_ids(
+    router: Any, config: RouterConfig, raw_clients: Clients,
+) -> None:
+    """An erasure killed part-way and called again by another process in the same second: the second's id may sort
+    before the first's (an ObjectId's middle bytes are its process's), and once the second is done neither check nor
+    erase-status reports the first. One stopped after the last done erasure is reported by both."""
+    router.erase_user(USER, requested_by="tests")
+    spec = config.clusters[0]
+    records = raw_clients[spec.name][config.database_for(spec)]["erasures"]
+    done = records.find_one({})
+    assert done is not None and done["state"] == "done"
+    killed = {**done, "_id": done["_id"][:8] + "f" * 16, "state": "running", "counts": {},
+              "finished_at": None, "requested_at": done["requested_at"] - timedelta(milliseconds=300)}
+    records.insert_one(killed)
+    report, _ = check_report(config)
+    assert [p for p in report["problems"] if "erasure" in p] == []
+    assert router.erasure_status(USER).finished
+    stopped = {**killed, "_id": str(ObjectId()), "requested_at": done["requested_at"] + timedelta(seconds=5)}
+    records.insert_one(stopped)
+    report, _ = check_report(config)
+    assert [p for p in report["problems"] if "erasure" in p and stopped["_id"] in p and "did not finish" in p]
+    assert len([p for p in report["problems"] if "erasure" in p]) == 1
+    status = router.erasure_status(USER)
+    assert not status.finished and status.unfinished == ("cluster_1",)

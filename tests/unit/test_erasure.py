@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import attrs
 import pytest
 from bson import Decimal128, ObjectId
 
@@ -78,6 +79,20 @@ def test_an_erasure_is_finished_once_every_cluster_with_a_record_has_a_done_one(
     assert ErasureStatus(again).finished and ErasureStatus(again).unfinished == ()
     assert not ErasureStatus(()).finished  # never erased
     assert ErasureStatus(again).to_json()["records"][0]["requested_at"] == T.isoformat()
+
+
+def test_only_a_later_done_erasure_finishes_one_that_stopped() -> None:
+    """A request done before one that stopped part-way does not finish it (the later one may have met data the first
+    never saw); one requested later does, whatever its id (ObjectIds of two processes in the same second are in
+    no particular order)."""
+    def at(cluster: str, request: str, state: str, seconds: float) -> ErasureRecord:
+        return attrs.evolve(record(cluster, request, state), requested_at=T + timedelta(seconds=seconds))
+
+    stopped_after_one_done = (at("c1", "a", "done", 0), at("c1", "b", "running", 60))
+    assert not ErasureStatus(stopped_after_one_done).finished
+    assert ErasureStatus(stopped_after_one_done).unfinished == ("c1",)
+    called_again = (at("c1", "f", "running", 0.1), at("c1", "0", "done", 0.4))  # the later id is the smaller one
+    assert ErasureStatus(called_again).finished
 
 
 def test_export_files_are_json_lines_with_their_checksums_in_the_manifest(tmp_path: Path) -> None:
