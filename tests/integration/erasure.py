@@ -12,6 +12,7 @@ from pymongo import MongoClient
 from router import RouterConfig
 from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
+from router.storage import finds
 from router.storage.clusters import Clusters
 
 from .conftest import NAMES, PERIODS
@@ -45,11 +46,16 @@ def names(value: Any, user: Any) -> bool:
 
 
 def documents(clients: Clients, config: RouterConfig) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """Every document of every collection of every period, read with plain pymongo: (cluster, collection, doc)."""
+    """Every document of every collection of every period, read with plain pymongo: (cluster, collection, doc).
+
+    Each collection is read in whole first batches (:func:`router.storage.finds.read`): FerretDB 2 continues a
+    cursor wrongly once documents were updated (``docs/ferretdb2-cursor-bug.md``), and a scan that skipped a
+    document would miss one naming the user.
+    """
     for spec in config.clusters:
         db = clients[spec.name][config.database_for(spec)]
         for collection in sorted(db.list_collection_names()):
-            for doc in db[collection].find({}):
+            for doc in finds.read(db[collection], {}):
                 yield spec.name, collection, doc
 
 

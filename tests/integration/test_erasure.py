@@ -90,6 +90,11 @@ def populate(router: Any) -> Model:
     router.update(pushed[1].data_key, edited)  # an edit record holding the post's data
     router.delete(pushed[2].data_key)  # a tombstone; the post's copies and outbox entry go
     router.backfill(READER, [USER])  # the user's posts left in an outbox, into another's feed
+    pusher_edit = {"from": "pusher", "n": 0, "edited": True}
+    router.update(data_key("erase-other", 0), pusher_edit)  # a copy they received, updated (it gains a data_digest)
+    for record in model.received:
+        if record["data_key"] == data_key("erase-other", 0):
+            record["data"] = pusher_edit
     for record in model.sent:
         if record["data_key"] == pushed[1].data_key:
             record["data"] = edited
@@ -192,7 +197,8 @@ def test_erase_user_leaves_nothing_that_names_them_and_everything_else(
 
 def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path) -> None:
     """The export holds the user's posts as sent (the updated one with its new data, the deleted one not at all),
-    the items they received and their seen marker, each stream in time order across the three periods; the
+    the items they received (an updated one with its new data) and their seen marker, and nothing the router keeps
+    for itself (an updated copy's data_digest), each stream in time order across the three periods; the
     manifest names the periods and gives each file's records and SHA-256."""
     model = populate(router)
     result = router.export_user(USER, tmp_path)
@@ -201,6 +207,7 @@ def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path
              for stream in ("sent", "received", "seen")}
     iso = {s: [{**r, "event_time": r["event_time"].isoformat()} for r in getattr(model, s)] for s in ("sent", "received")}
     assert lines["sent"] == iso["sent"]
+    assert not [r for s in ("sent", "received") for r in lines[s] if "data_digest" in r]
     assert [{k: v for k, v in r.items() if k != "id"} for r in lines["received"]] == iso["received"]
     assert lines["seen"] == [{**model.seen[0], "event_time": model.seen[0]["event_time"].isoformat()}]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
