@@ -77,7 +77,8 @@ def edit_until_done(call: Callable[[], int], remaining: Callable[[], int], *, ca
         except (UpdateFailed, DeleteFailed) as failed:
             after = remaining()
             count = failed.updated if isinstance(failed, UpdateFailed) else failed.deleted
-            log.append((f"failed, {count} counted", time.monotonic() - began, after))
+            why = "; ".join(str(error) for error in failed.failed.values())
+            log.append((f"failed, {count} counted ({why})", time.monotonic() - began, after))
             assert after < before, f"a call made no progress: {log}"
             before = after
             continue

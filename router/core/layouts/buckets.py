@@ -19,8 +19,8 @@ empty; mongo-java-server cannot append to a bucket emptied under a unique index)
 is an upper bound of the copies' size: an append adds the copy's size, an update adds the new
 data's size (never subtracting the old), and a bucket without room for that refuses the
 update (:class:`~router.errors.BucketsFull`) instead of growing past its cap; so no bucket
-passes :data:`MAX_BYTES`, far below the 16 MiB document limit (one copy larger than that
-sits alone in its own bucket).
+passes :data:`MAX_BYTES`, far below the 16 MiB document limit, except one holding a single
+copy larger than that alone (an update there sets ``bytes`` to that copy's size).
 
 **One copy of a key per bucket.** An append never puts a second copy of a ``data_key`` in a
 bucket (only ``write_many`` can give one receiver two items of one key), so an edit by key
@@ -87,6 +87,8 @@ __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD", "first_bucket"]
 MAX_ITEMS = 50
 #: Bytes of copies (BSON) a bucket takes at most: half the 16 MiB document limit, leaving room for its other fields.
 MAX_BYTES = 8 * 1024 * 1024
+#: What a copy's fields other than its data take at most (data is held to 16 MiB less 64 KiB, for them).
+_FIELDS_BOUND = 64 * 1024
 #: Buckets one read of a page asks for.
 READ_AHEAD = 2
 _ORDER = (("newest", -1), ("_id", -1))
@@ -144,13 +146,17 @@ def _data_size(data: Mapping[str, Any]) -> int:
     return len(bson.encode({"data": data, DIGEST: digest(data)}))
 
 
-def _redata(data: Mapping[str, Any], match: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The filter (*match* narrowed to buckets with room) and update that give the copies picked by :func:`_the_key`
-    new data and its digest, charging its size to ``bytes`` (arrayFilters: the positional ``$`` with ``$elemMatch``
-    is refused by some servers)."""
+def _redata(data: Mapping[str, Any], match: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The filters (*match* narrowed) and updates that give the copies picked by :func:`_the_key` new data and its
+    digest (arrayFilters: the positional ``$`` with ``$elemMatch`` is refused by some servers).
+
+    A bucket holding that copy alone (``count`` 1: one append, and no removal, which would have sealed it) gets
+    ``bytes`` set to the copy's size, so a copy as large as a write takes is updated in place any number of times; a
+    bucket shared with other copies is charged the new data's size, where it has room under :data:`MAX_BYTES`."""
     size = _data_size(data)
-    return ({**match, "bytes": {"$lte": MAX_BYTES - size}},
-            {"$set": {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": digest(data)}, "$inc": {"bytes": size}})
+    new = {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": digest(data)}
+    return [({**match, "count": 1}, {"$set": {**new, "bytes": size + _FIELDS_BOUND}}),
+            ({**match, "count": {"$gt": 1}, "bytes": {"$lte": MAX_BYTES - size}}, {"$set": new, "$inc": {"bytes": size}})]
 
 
 def _the_key(data_key: str) -> list[dict[str, Any]]:
@@ -233,8 +239,8 @@ class Buckets(Layout):
                                   {"$pull": {"items": {"_id": {"$in": chunk}}}, **_SEAL}, deadline))
             else:
                 match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, DIGEST: {"$ne": mark}}}}
-                target, update = _redata(data, match)
-                out.append(Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key)))
+                out += [Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key))
+                        for target, update in _redata(data, match)]
         return out
 
     # -- reads ----------------------------------------------------------------------------------
@@ -301,14 +307,16 @@ class Buckets(Layout):
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
                                         update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what))
         # Matched on the data's digest, not the data, which would make the statement carry it twice.
-        match, update = _redata(data, _stale(data_key, data))
-        done, error = yield from in_steps(cluster, "feed", match, steps, update=update, array_filters=_the_key(data_key),
-                                          what=what)
-        if error is not None:
-            return done, error
-        # Copies left with old data in buckets without room for the new. (A copy a running fan-out writes meanwhile,
-        # in a bucket with room, is the fence's to fix, as in every layout.)
-        full = {**_stale(data_key, data), "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
+        done = 0
+        for match, update in _redata(data, _stale(data_key, data)):
+            changed, error = yield from in_steps(cluster, "feed", match, steps, update=update,
+                                                 array_filters=_the_key(data_key), what=what)
+            done += changed
+            if error is not None:
+                return done, error
+        # Copies left with old data in shared buckets without room for the new. (A copy a running fan-out writes
+        # meanwhile, in a bucket with room, is the fence's to fix, as in every layout.)
+        full = {**_stale(data_key, data), "count": {"$gt": 1}, "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
         left = yield Count(cluster, "feed", full, deadline_in(steps.timeout))
         if isinstance(left, Failure):
             return done, left.error

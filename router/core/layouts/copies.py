@@ -11,7 +11,7 @@ sample of matching ids (one cheap, unsorted ``find``) so that a step edits about
 ``step`` documents. The share adapts from step to step to what was actually edited, so
 it suits random ids (fan-out copies) and sequential ones alike. A step the server
 refuses as too large (FerretDB's statement parameter limits: 32,766 on SQLite, 65,535
-on PostgreSQL), or does not finish within ``timeout``, is tried again at a quarter of
+on PostgreSQL), or that runs out of ``timeout``, is tried again at a quarter of
 the size (:func:`in_steps`). On MongoDB and FerretDB 2 each step is an index range; on
 FerretDB 1, which filters ranges after fetching every match, a step costs time in
 proportion to the matches left (and FerretDB 1 finishes a statement whose client gave
@@ -106,14 +106,16 @@ def in_steps(
     every edit has, and calling it again removes it.
 
     **Steps that run out of time are split.** A step the server stops at its time limit
-    (``cancelled``: the request's ``timeout``, sent as ``maxTimeMS``) is tried again at a
-    quarter of its size (re-sampled first: MongoDB may have done part of it), up to
-    :data:`SPLITS` times in a row; after a quick step (under a quarter of ``timeout``) the
-    next one doubles, back up to ``step``. So a slow server gets steps it can finish, and
-    a call that must stop leaves every step it finished done. A step the client gave up
-    on (``timeout``: no answer in time) ends the call instead: the server may still be
-    carrying it out (FerretDB 1 ignores ``maxTimeMS`` and finishes it), and more steps
-    would only pile up behind it; the next call finds that work done.
+    (``cancelled``: the request's ``timeout``, sent as ``maxTimeMS``) or whose answer did not
+    come in time (``timeout``) is tried again at a quarter of its size (re-sampled first:
+    MongoDB may have done part of it), up to :data:`SPLITS` times in a row; after a quick
+    step (under a quarter of ``timeout``) the next one doubles, back up to ``step``. So a
+    slow server gets steps it can finish, and a call that must stop leaves every step it
+    finished done. The two are alike here: pymongo gives the server the client's time less
+    one round trip, so the server's "stopped" answer often arrives after the client gave
+    up (measured on FerretDB 2 under load: every such step). FerretDB 1 ignores
+    ``maxTimeMS`` and finishes a step the client gave up on; there the smaller steps wait
+    behind it, and the call ends after its splits, the next call finding that work done.
     """
     done = steps = splits = 0
     size = settings.sample
@@ -143,11 +145,10 @@ def in_steps(
             if answer.kind == "too_large" and position > 1:
                 left = max(left, 1.0) * 4 * max(1.0, len(ids) / position)  # the range held far more: narrow it
                 continue
-            if answer.kind == "cancelled" and position > 1 and splits < SPLITS:
+            if answer.kind in ("cancelled", "timeout") and position > 1 and splits < SPLITS:
                 splits += 1
                 per_step = max(1.0, min(per_step, _docs_in(position, ids, whole, left)) / 4)
-                log.info("cluster %s: %s: the server stopped a step of about %d documents at its time limit (%.1f s); "
-                         "trying a quarter of it",
+                log.info("cluster %s: %s: a step of about %d documents ran out of time (%.1f s); trying a quarter of it",
                          cluster, what, _docs_in(position, ids, whole, left), settings.timeout)
                 continue
             return done, answer.error
