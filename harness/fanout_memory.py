@@ -48,7 +48,9 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, brok
     from datetime import datetime, timezone
 
     from router import Activity, ClusterConfig, ClusterMeta, FeedRouter, RouterConfig, data_key
+    from router.admin.indexes import create_feed_indexes
     from router.admin.migrate import discover, migrate_cluster
+    from router.core.layouts import DEFAULT, LAYOUTS
     from router.storage.clusters import Cluster
     from harness.javaserver import drop_database
 
@@ -62,8 +64,9 @@ def measure(uri: str, receivers: int, *, batch_size: int, concurrency: int, brok
     cluster = Cluster(config.clusters[0], config)
     try:
         start = datetime(2024, 1, 1, tzinfo=utc)
-        migrate_cluster(cluster, config, discover())  # the feed indexes
+        migrate_cluster(cluster, config, discover())
         cluster.write_meta(ClusterMeta(name="memory", start_date=start, creator_name="fanout_memory", created_at=start))
+        create_feed_indexes(cluster, LAYOUTS[DEFAULT])  # the feed indexes, as adding a period does
         with FeedRouter(config, refresh=False) as router:
             activity = Activity(
                 sender_id=1000765,

@@ -21,10 +21,11 @@ from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, overload
 
 from bson import ObjectId
 
+from .aio_base import AsyncDoorBase, first
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
@@ -34,13 +35,12 @@ from .core.routing import Routing
 from .core.seen import Unseen
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult
-from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
-from .errors import RouterClosed, RouterError, WriteFailed, WrongEventLoop
+from .errors import RouterClosed, WriteFailed
 from .exports import ExportFolder, ExportResult
-from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
+from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, Receivers
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.aclusters import AsyncClusters
@@ -49,10 +49,9 @@ from .timemap import TimeMap
 __all__ = ["AsyncFeedRouter"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class AsyncFeedRouter:
+class AsyncFeedRouter(AsyncDoorBase):
     """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``, on asyncio.
 
     Example (in a FastAPI lifespan)::
@@ -144,26 +143,6 @@ class AsyncFeedRouter:
 
     # -- state -------------------------------------------------------------------------
 
-    def _on_loop(self, name: str) -> None:
-        """Raise :class:`WrongEventLoop` unless this runs on the loop that started the router (no I/O happens first)."""
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if self._loop is not None and running is not self._loop:
-            ended = " (that loop is closed)" if self._loop.is_closed() else ""
-            raise WrongEventLoop(
-                f"{name}(): this AsyncFeedRouter belongs to the event loop that started it{ended}; it cannot be used "
-                "from another event loop: start one router per loop"
-            )
-
-    def _started(self, name: str) -> tuple[AsyncClusters, Routing]:
-        if self._closed:
-            raise RouterClosed(f"{name}(): this AsyncFeedRouter is closed")
-        if self._clusters is None or self._routing is None:
-            raise RouterClosed(f"{name}(): this AsyncFeedRouter is not started (await start(), or use async with)")
-        return self._clusters, self._routing
-
     @property
     def timemap(self) -> TimeMap:
         """The time map in use (replaced as a whole by :meth:`refresh`)."""
@@ -191,75 +170,15 @@ class AsyncFeedRouter:
         assert self._fanouts is not None
         return self._fanouts
 
-    def _view(self, name: str) -> calls.View:
-        clusters, routing = self._started(name)
-        self._on_loop(name)
-        return calls.View(self.config, self.settings, routing, tuple(clusters.names), self._clock())
-
-    async def _run(self, name: str, build: Callable[[calls.View], Program[T]]) -> T:
-        """Run the program *build* makes from this router's view, counted as a call in flight."""
-        view = self._view(name)
-        program = build(view)
-        self._enter()
-        try:
-            assert self._clusters is not None
-            with self._observe.call(name):
-                return await self._clusters.run(program)
-        finally:
-            self._leave()
-
-    def _enter(self) -> None:
-        assert self._idle is not None
-        self._active += 1
-        self._idle.clear()
-
-    def _leave(self) -> None:
-        assert self._idle is not None
-        self._active -= 1
-        if self._active == 0:
-            self._idle.set()
-
     # -- refresh -----------------------------------------------------------------------
 
     async def refresh(self) -> TimeMap:
-        """Reload every cluster's metadata; the old map stays in use if this raises (see ``FeedRouter.refresh``)."""
-        self._started("refresh")
-        self._on_loop("refresh")
-        self._enter()
-        try:
-            with self._observe.call("refresh"):
-                return (await self._refresh()).timemap
-        finally:
-            self._leave()
+        """Reload every cluster's metadata; the old map stays in use if this raises.
 
-    async def _refresh(self) -> Routing:
-        clusters, _routing = self._started("refresh")
-        assert self._refresh_lock is not None and self._routing is not None
-        async with self._refresh_lock:
-            started = self._clock()
-            timemap = await clusters.load_timemap(previous=self._routing.timemap)
-            newer = self._routing.replaced_by(timemap, started)
-            if newer is not None:
-                self._routing = newer
-                clusters.record(Event("timemap_loaded", started.timestamp()))
-            return self._routing
-
-    async def _refresh_for_core(self) -> Routing | RouterError:
-        try:
-            return await self._refresh()
-        except RouterError as exc:
-            return exc
-
-    async def _refresh_loop(self) -> None:
-        interval = self.config.refresh_interval.total_seconds()
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.refresh()
-            except RouterClosed:
-                return
-            except RouterError as exc:
-                log.warning("metadata refresh failed; keeping the map loaded at %s: %s", self.refreshed_at.isoformat(), exc)
+        A cluster that does not answer keeps its last known period. The map and the time
+        its load began are replaced together, and never by an older load.
+        """
+        return (await self._refresh_call()).timemap
 
     async def stop_refresh(self) -> None:
         """Stop the background refresh (the map stays as it is)."""
@@ -272,18 +191,37 @@ class AsyncFeedRouter:
     # -- writes ------------------------------------------------------------------------
 
     async def write(self, item: FeedItem) -> ObjectId:
-        """Store one item in the cluster owning its ``event_time``; return its ``_id`` (see ``FeedRouter.write``)."""
+        """Store one item in the cluster owning its ``event_time``; return its ``_id``.
+
+        Raises :class:`InvalidItem`, :class:`NoClusterForTime`, :class:`StaleMetadata` or
+        :class:`ClusterUnavailable` (``from`` the :class:`WriteFailed` that holds the id).
+        """
         try:
             return (await self._run("write", lambda v: calls.write_many(v, (item,), indexed=False)))[0]
         except WriteFailed as exc:
             raise exc.failed[0] from exc
 
     async def write_many(self, items: Iterable[FeedItem]) -> list[ObjectId]:
-        """Store every item; return their ``_id``\\ s in the order given (see ``FeedRouter.write_many``)."""
+        """Store every item; return their ``_id``\\ s in the order given.
+
+        All items are checked and routed before anything is written: one invalid item
+        (:class:`InvalidItem`) or one no period owns (:class:`NoClusterForTime`) rejects the
+        whole call and changes no cluster. Items are then grouped per cluster and sent as
+        unordered ``insert_many`` batches of ``write.batch_size``, clusters concurrently.
+        If some are not confirmed written, :class:`WriteFailed` says which (by index) and
+        why, with every item's id; the others are stored. An item with ``id`` set is
+        stored under that id (a repeat of a stored item is found, not stored twice).
+        """
         return await self._run("write_many", lambda v: calls.write_many(v, items))
 
     def prepare(self, items: Sequence[FeedItem]) -> Prepared:
-        """The write path without I/O (see ``FeedRouter.prepare``); not a coroutine."""
+        """The write path without I/O: check, route, id and build every item (for measuring, or to inspect).
+
+        Raises what :meth:`write_many` raises for bad input, and :class:`StaleMetadata` for
+        an item past the map's horizon (:meth:`write_many` would refresh once first).
+
+        Not a coroutine: it does no I/O.
+        """
         return prepare_or_stale(items, self._started("prepare")[1])
 
     # -- reads -------------------------------------------------------------------------
@@ -292,7 +230,18 @@ class AsyncFeedRouter:
         self, receiver_id: int | str, *, limit: int = 50, cursor: str | None = None, on_unavailable: str | None = None,
         pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
     ) -> Page:
-        """One page of *receiver_id*'s feed, newest first (see ``FeedRouter.read``)."""
+        """One page of *receiver_id*'s feed, newest first by ``(event_time, _id)``.
+
+        The newest cluster in the read window is asked first; an older one only while
+        the page is not full. Pass ``next_cursor`` for the next page (``None`` once the
+        window is exhausted). *pull* merges in the outboxes of those senders (authors
+        whose posts are not copied to followers), each post once. *on_unavailable*
+        (default ``read.on_unavailable``): ``"raise"`` raises :class:`ClusterUnavailable`
+        for a cluster the page needs; ``"partial"`` serves the rest, marks the page
+        ``partial`` and owes that cluster's items to later pages. *types* keeps only items
+        of those types (a notification feed's filter): pages stay full and cursors work as
+        without it.
+        """
         return await self._run("read", lambda v: calls.read(
             v, receiver_id, limit=limit, cursor=cursor, on_unavailable=on_unavailable, pull=pull, types=types
         ))
@@ -300,29 +249,55 @@ class AsyncFeedRouter:
     # -- notifications -----------------------------------------------------------------
 
     async def mark_seen(self, receiver_id: int | str, position: Position | FeedItem) -> Position:
-        """Mark everything up to *position* as seen by *receiver_id*; never moves backwards (see ``FeedRouter.mark_seen``)."""
+        """Mark everything up to *position* (an item of a page, or its :class:`Position`) as seen by *receiver_id*.
+
+        Example::
+
+            page = await feeds.read(7, limit=20)
+            await feeds.mark_seen(7, page.items[0])          # the newest item shown
+            (await feeds.unseen_count(7)).count                # 0 until something newer arrives
+
+        The marker never moves backwards: marking an older position, or two devices
+        marking at once, leaves the highest one. It lives in the cluster that owns its time,
+        so it survives rollovers.
+        """
         return await self._run("mark_seen", lambda v: calls.mark_seen(v, receiver_id, position))
 
     async def seen_position(self, receiver_id: int | str) -> Position | None:
-        """*receiver_id*'s seen marker, or ``None`` (see ``FeedRouter.seen_position``)."""
+        """*receiver_id*'s seen marker, or ``None`` if nothing in the read window was marked."""
         return await self._run("seen_position", lambda v: calls.seen_position(v, receiver_id))
 
     async def unseen_count(self, receiver_id: int | str, *, cap: int = 99, pull: Sequence[int | str] | None = None) -> Unseen:
-        """How many items are newer than the seen marker, up to *cap* (see ``FeedRouter.unseen_count``)."""
+        """How many items are newer than the seen marker, stopping past *cap* (``capped``: show "99+").
+
+        Asks the newest cluster first and never one older than the marker; with *pull*, the
+        pulled senders' outbox posts count too, each post once.
+        """
         return await self._run("unseen_count", lambda v: calls.unseen_count(v, receiver_id, cap=cap, pull=pull))
 
     # -- edits -------------------------------------------------------------------------
 
     async def delete(self, data_key: str) -> int:
-        """Remove every copy of *data_key* and its outbox entry, every cluster (see ``FeedRouter.delete``)."""
+        """Remove every copy of the item *data_key*, and its outbox entry, from every cluster; return how many copies.
+
+        Works in bounded steps, clusters concurrently, after leaving a tombstone in each
+        cluster: fan-outs still running remove what they write afterwards and stop, and the
+        key is never fanned out or published again (:class:`ItemDeleted`). If some cluster
+        fails, :class:`DeleteFailed` says which and how many were removed; run it again to finish.
+        """
         return await self._run("delete", lambda v: calls.delete(v, data_key))
 
     async def update(self, data_key: str, data: Mapping[str, Any]) -> int:
-        """Replace ``data`` in every copy of *data_key* and its outbox entry (see ``FeedRouter.update``)."""
+        """Replace ``data`` in every copy of *data_key* and in its outbox entry; return how many changed.
+
+        Same steps and failure rules as :meth:`delete` (:class:`UpdateFailed`); repeatable.
+        Recorded in each cluster's edit fence first, so copies that fan-outs still running
+        write afterwards get the new data too.
+        """
         return await self._run("update", lambda v: calls.update(v, data_key, data))
 
     async def unfollow(self, receiver_id: int | str, sender_id: int | str) -> int:
-        """Remove *sender_id*'s copies from *receiver_id*'s feed (see ``FeedRouter.unfollow``)."""
+        """Remove *sender_id*'s copies from *receiver_id*'s feed in every cluster of the read window; return how many."""
         return await self._run("unfollow", lambda v: calls.unfollow(v, receiver_id, sender_id))
 
     # -- the social half -----------------------------------------------------------------
@@ -330,21 +305,46 @@ class AsyncFeedRouter:
     async def backfill(
         self, receiver_id: int | str, senders: Sequence[int | str], *, since: datetime | None = None, limit: int = 200,
     ) -> BackfillResult:
-        """Copy the senders' newest outbox entries into *receiver_id*'s feed; at most ``read.max_pull`` senders
-        (see ``FeedRouter.backfill``)."""
+        """Copy the senders' newest outbox entries (newer than *since*, at most *limit*) into *receiver_id*'s feed.
+
+        Rebuilds a dormant user's inbox on return. Copies have fan-out's ids, so running it
+        again, or while a fan-out of the same post runs, leaves one copy each. At most
+        ``read.max_pull`` distinct senders (default 1,000) per call: more is
+        :class:`InvalidItem` (``senders: at most 1000 senders per backfill ...``).
+        """
         return await self._run("backfill", lambda v: calls.backfill(v, receiver_id, senders, since=since, limit=limit))
 
     async def follow(self, receiver_id: int | str, sender_id: int | str, *, limit: int = 50) -> BackfillResult:
-        """Copy a newly followed sender's newest posts into *receiver_id*'s feed (see ``FeedRouter.follow``)."""
+        """Copy the *limit* newest posts of a newly followed *sender_id* into *receiver_id*'s feed (a :meth:`backfill`)."""
         self._on_loop("follow")
         return await self._run("backfill", lambda v: calls.follow(v, receiver_id, sender_id, limit=limit))
+
+    @overload
+    async def publish(
+        self, activity: Activity, followers: Receivers, *, active: calls.Active | None = ...,
+        pull: bool | None = ..., background: Literal[False] = ..., batch_size: int | None = ...,
+        concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> PublishResult: ...
+
+    @overload
+    async def publish(
+        self, activity: Activity, followers: Receivers, *, active: calls.Active | None = ...,
+        pull: bool | None = ..., background: Literal[True], batch_size: int | None = ...,
+        concurrency: int | None = ..., job_id: str | None = ...,
+    ) -> PublishResult: ...
 
     async def publish(
         self, activity: Activity, followers: Receivers, *, active: calls.Active | None = None,
         pull: bool | None = None, background: bool = False, batch_size: int | None = None,
         concurrency: int | None = None, job_id: str | None = None,
     ) -> PublishResult:
-        """Store *activity* in its author's outbox, then push it or not (see ``FeedRouter.publish``).
+        """Store *activity* in its author's outbox, then push it to the (active) followers or, for a pulled author, not.
+
+        ``pull=True``/``False`` decides; else ``fanout.pull_threshold`` applied to the
+        follower count (see :mod:`router.core.social`). The push is :meth:`fan_out`
+        (``background=True`` puts its handle in ``result.handle``). Raises what
+        :meth:`fan_out` raises; the outbox entry stays if the push fails, and publishing
+        again is safe.
 
         *followers* may be an async iterable; with a pull threshold and no ``pull=``, at most
         threshold + 1 of them are read to decide, as the sync door does for a stream.
@@ -361,7 +361,7 @@ class AsyncFeedRouter:
         slots = calls.concurrency(concurrency)
         threshold = self.settings.pull_threshold
         if pull is None and threshold is not None and isinstance(followers, AsyncIterable):
-            followers = iter(await _first(followers, threshold + 1))  # counted as the sync door counts a stream
+            followers = iter(await first(followers, threshold + 1))  # counted as the sync door counts a stream
         publishing = await self._run("publish", lambda v: calls.publish(v, activity, followers, pull=pull,  # type: ignore[arg-type]
                                                                         batch_size=batch_size, job_id=job_id))
         if publishing.path == "pull":
@@ -390,10 +390,24 @@ class AsyncFeedRouter:
         active: calls.Active | None = None, batch_size: int | None = None, concurrency: int | None = None,
         job_id: str | None = None,
     ) -> FanOutResult | AsyncFanOutHandle:
-        """Write one copy of *activity* per receiver (an iterable or async iterable; see ``FeedRouter.fan_out``).
+        """Write one copy of *activity* per receiver into the cluster owning its ``event_time``.
 
-        At most ``concurrency`` batches are in flight (an asyncio semaphore);
-        ``background=True`` returns an :class:`~router.fanout.tasks.AsyncFanOutHandle` at once.
+        Example::
+
+            result = await feeds.fan_out(activity, followers(author), active=active_ids)
+            handle = await feeds.fan_out(activity, followers(author), background=True)
+
+        Streaming (at most ``concurrency`` batches of ``batch_size`` in flight), idempotent
+        (derived ids: a rerun stores nothing twice) and resumable (a checkpoint per job in
+        the owning cluster). Raises :class:`InvalidItem`, :class:`NoClusterForTime` or
+        :class:`StaleMetadata` before writing anything, :class:`ItemDeleted` (from
+        ``result()`` in background mode) for a post that was deleted, before or while it runs
+        (``.result`` says how far it got), and :class:`FanOutFailed` (with ``.result``) if
+        receivers are left without a copy.
+
+        *receivers* may be an iterable or an async iterable (a plain iterable is read a batch at
+        a time in a worker thread). At most ``concurrency`` batches are in flight (an asyncio
+        semaphore); ``background=True`` returns an :class:`~router.fanout.tasks.AsyncFanOutHandle` at once.
         """
         self._on_loop("fan_out")
         with self._observe.call("fan_out"):
@@ -402,26 +416,16 @@ class AsyncFeedRouter:
             return await self._fan_out_job(job, receivers, active=active, concurrency=slots, background=background)
 
     async def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
-        """Check *activity* and choose its cluster; nothing is written (see ``FeedRouter.plan_fan_out``)."""
+        """Check *activity* and choose its cluster: the job :meth:`fan_out`, :meth:`publish` and other engines
+        (:mod:`router.fanout.celery`) run. Nothing is written; raises as :meth:`fan_out` does before writing.
+        """
         return await self._run("plan_fan_out", lambda v: calls.plan_fan_out(v, activity, batch_size=batch_size, job_id=job_id))
 
-    async def _fan_out_job(
-        self, job: FanOutJob, receivers: Receivers, *, active: calls.Active | None, concurrency: int, background: bool,
-    ) -> FanOutResult | AsyncFanOutHandle:
-        clusters, _routing = self._started("fan_out")
-        run = AsyncFanOutRun(clusters, job, active=calls.active_filter(active), concurrency=concurrency,
-                             policy=self.settings.write.policy, timeout=self.settings.timeout,
-                             pseudonyms=self.settings.pseudonyms)
-        if background:
-            return self.fanouts.submit(run, receivers)
-        self._enter()
-        try:
-            return await run.run(receivers)
-        finally:
-            self._leave()
-
     async def fan_out_status(self, job_id: str) -> JobStatus:
-        """A fan-out job's progress from its checkpoint (see ``FeedRouter.fan_out_status``)."""
+        """A fan-out job's progress from its checkpoint (any process's job), looked up in every cluster.
+
+        Raises :class:`InvalidItem` if no cluster has a job *job_id*.
+        """
         return await self._run("fan_out_status", lambda v: calls.fan_out_status(v, job_id))
 
     # -- a user's data ------------------------------------------------------------------
@@ -467,13 +471,3 @@ class AsyncFeedRouter:
                             self.settings.timeout + 5)
         if self._clusters is not None:
             await self._clusters.close()
-
-
-async def _first(stream: AsyncIterable[Any], n: int) -> list[Any]:
-    """Up to *n* items of *stream* (the rest stays unread)."""
-    head: list[Any] = []
-    async for item in stream:
-        head.append(item)
-        if len(head) >= n:
-            break
-    return head

@@ -63,6 +63,7 @@ import yaml
 
 from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
+from .layout_names import DEFAULT as DEFAULT_LAYOUT, LAYOUT_NAMES
 from .timemap import ReadWindow
 from .uris import (
     broker_problem, deployment_identity, masked_uri, redact_uri, uri_database, uri_password, uri_path, uri_problem,
@@ -187,7 +188,7 @@ class RolloverConfig:
     lead_time: timedelta = timedelta(days=7)
     standby: tuple[str, ...] = ()
     anchor: datetime = datetime(1970, 1, 1, tzinfo=timezone.utc)
-    layout: str = "copies"
+    layout: str = DEFAULT_LAYOUT
 
 
 @attrs.frozen(kw_only=True)
@@ -397,11 +398,9 @@ def _rollover(r: YamlReader, node: yaml.Node, names: set[str], check_names: bool
                     standby.append(name)
             kwargs["standby"] = tuple(standby)
     if "layout" in spec:
-        from .core.layouts import LAYOUTS  # (the table of layouts; config is read before the core is used)
-
         layout = r.string(spec["layout"], "rollover.layout")
-        if layout is not None and layout not in LAYOUTS:
-            r.problem(spec["layout"], "rollover.layout", f"must be one of {', '.join(sorted(LAYOUTS))} (got {layout!r})")
+        if layout is not None and layout not in LAYOUT_NAMES:
+            r.problem(spec["layout"], "rollover.layout", f"must be one of {', '.join(sorted(LAYOUT_NAMES))} (got {layout!r})")
         elif layout is not None:
             kwargs["layout"] = layout
     return RolloverConfig(**kwargs)

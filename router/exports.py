@@ -6,9 +6,13 @@ as the file's write buffer), and is hashed on the way; a file is written under a
 ``.partial`` name and renamed when the export has finished, then ``manifest.json`` is
 written last, so a folder with a manifest holds a complete export::
 
-    out/sent.jsonl       {"data_key": ..., "event_time": "2024-05-04T12:30:15.250000+00:00", "type": 1, "data": {...}, "period": "cluster_2"}
-    out/received.jsonl   {"id": "66361...", "sender_id": 42, "event_time": ..., "type": 1, "data": {...}, "data_key": ..., "period": ...}
+    out/sent.jsonl       {"sender_id": 7, "event_time": "2024-05-04T12:30:15.250000+00:00", "type": 1, "data": {...}, "data_key": ..., "period": "cluster_2"}
+    out/received.jsonl   {"receiver_id": 7, "sender_id": 42, "event_time": ..., "type": 1, "data": {...}, "data_key": ..., "id": "66361...", "period": ...}
     out/seen.jsonl       {"event_time": ..., "item": "66361...", "period": ...}
+
+A record is the value the export read, field by field (an :class:`~router.model.Activity`
+sent, a :class:`~router.model.FeedItem` received, a :class:`~router.core.seen.Marker`), then
+its ``period``: the export names no stored field of its own.
     out/manifest.json    {"format": "feed-router export 1", "user_id": 7, "created_at": ..., "periods": [...],
                           "files": {"sent.jsonl": {"records": 3, "bytes": 512, "sha256": "..."}, ...}}
 
@@ -18,7 +22,7 @@ hex, bytes in base64; other BSON values in MongoDB's relaxed Extended JSON.
 Example::
 
     folder = ExportFolder("/srv/exports/7", user_id=7)      # InvalidItem for a path that is not a usable folder
-    folder.write("received", {...}); ...
+    folder.write("received", item, "cluster_2"); ...
     result = folder.finish(summary)
 """
 
@@ -112,8 +116,10 @@ class ExportFolder:
     def _partial(self, stream: str) -> Path:
         return self.folder / f"{stream}.jsonl{_PARTIAL}"
 
-    def write(self, stream: str, record: Mapping[str, Any]) -> None:
-        """Append *record* to *stream*'s file as one line of JSON."""
+    def write(self, stream: str, value: Any, period: str) -> None:
+        """Append *value* (an attrs value of the router's API, or a mapping) to *stream*'s file as one line of JSON: its
+        fields, then ``period``."""
+        record = {**(attrs.asdict(value, recurse=False) if attrs.has(type(value)) else dict(value)), "period": period}
         handle = self._files.get(stream)
         if handle is None:
             handle = self._files[stream] = open(self._partial(stream), "wb")  # noqa: SIM115 - closed by finish/abort

@@ -17,6 +17,7 @@ from typing import Any, TypeGuard
 import attrs
 from bson import ObjectId
 
+from .layout_names import DEFAULT as DEFAULT_LAYOUT
 from .errors import InvalidItem
 
 __all__ = [
@@ -234,7 +235,7 @@ class ClusterMeta:
     creator_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     created_at: datetime | None = None
     retired: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    layout: str = attrs.field(default="copies", validator=attrs.validators.instance_of(str))
+    layout: str = attrs.field(default=DEFAULT_LAYOUT, validator=attrs.validators.instance_of(str))
 
     def __attrs_post_init__(self) -> None:
         if self.end_date is not None and self.end_date <= self.start_date:
@@ -255,7 +256,7 @@ class ClusterMeta:
         }
         if self.retired:
             doc["retired"] = True
-        if self.layout != "copies":
+        if self.layout != DEFAULT_LAYOUT:
             doc["layout"] = self.layout
         return doc
 
@@ -276,7 +277,7 @@ class ClusterMeta:
             creator_name=doc.get("creator_name") or "",
             created_at=created if isinstance(created, datetime) else None,
             retired=doc.get("retired", False),
-            layout=doc.get("layout", "copies"),
+            layout=doc.get("layout", DEFAULT_LAYOUT),
         )
 
 

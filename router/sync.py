@@ -430,7 +430,8 @@ class FeedRouter:
 
     def plan_fan_out(self, activity: Activity, *, batch_size: int | None = None, job_id: str | None = None) -> FanOutJob:
         """Check *activity* and choose its cluster: the job :meth:`fan_out`, :meth:`publish` and other engines
-        (:mod:`router.fanout.celery`) run. Nothing is written; raises as :meth:`fan_out` does before writing."""
+        (:mod:`router.fanout.celery`) run. Nothing is written; raises as :meth:`fan_out` does before writing.
+        """
         return self._run("plan_fan_out", calls.plan_fan_out(self._view(), activity, batch_size=batch_size, job_id=job_id))
 
     def _fan_out_job(

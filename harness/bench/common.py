@@ -12,7 +12,9 @@ from typing import Any
 import attrs
 from pymongo import monitoring
 
+from router.admin.indexes import create_feed_indexes
 from router.admin.migrate import discover, migrate_cluster
+from router.core.layouts import DEFAULT, LAYOUTS
 from router.config import ClusterConfig, RouterConfig
 from router.ids import data_key
 from router.model import ClusterMeta, FeedItem
@@ -108,6 +110,7 @@ def register(config: RouterConfig) -> None:
         try:
             migrate_cluster(cluster, config, migrations)
             cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="bench"))
+            create_feed_indexes(cluster, LAYOUTS[DEFAULT])  # as adding a period does
         finally:
             cluster.close()
 

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 from pymongo import MongoClient
 
-from router.core.layouts import copy_entries, posts
+from router.core.layouts import LAYOUTS, FanBatch, Post, outbox, posts
 from router.ids import copy_ids, data_key, outbox_id
 from router.model import Activity, FeedItem
 from router.sync import FeedRouter
@@ -206,12 +206,13 @@ def _store_posts(db: Any, user: int, start: datetime, numbers: Iterable[int], fo
         when = start + timedelta(hours=n, milliseconds=7)
         key = data_key("erase-bench", n)
         seconds = int(when.timestamp())
-        db.outbox.insert_one({"_id": outbox_id(seconds, key), "data_key": key, "sender_id": user, "event_time": when,
-                              "type": 1, "data": {"post": n}})
-        db.posts.insert_one(posts.entry(user, key, when))
+        post = Activity(sender_id=user, event_time=when, type=1, data={"post": n}, data_key=key)
+        db.outbox.insert_many(outbox.OUTBOX.documents([Post(outbox_id(seconds, key), post)]))
+        db.posts.insert_many(posts.REGISTRY.documents([posts.Registered(user, key, when)]))
         db.fanouts.insert_one({"_id": f"{key}:{n}", "data_key": key, "event_time": when, "batch_size": 1000,
                                "status": "done", "batches_total": -(-followers // 1000), "runs": 1})
-        chunk += copy_entries(copy_ids(seconds, key, receivers), receivers, user, when, 1, {"post": n}, key)
+        chunk += LAYOUTS["copies"].fan_documents(FanBatch(copy_ids(seconds, key, receivers), receivers, user, when, 1,
+                                                          {"post": n}, key))
         if len(chunk) >= 20_000:
             db.feed.insert_many(chunk, ordered=False)
             chunk = []

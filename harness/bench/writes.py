@@ -14,6 +14,7 @@ import mmh3
 from bson import ObjectId
 from pymongo import MongoClient
 
+from router.core.layouts import LAYOUTS
 from router.ids import data_key
 from router.model import ClusterMeta, FeedItem
 from router.sync import FeedRouter
@@ -29,13 +30,14 @@ def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
     items = make_items(n)
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
         prepared = router.prepare(items)
-        raw_docs = {name: [dict(d) for d in docs] for name, (_, docs) in prepared.batches.items()}
+        copies = LAYOUTS["copies"]  # (the bench's periods are copies periods)
+        raw_docs = {name: copies.documents(batch) for name, (_, batch) in prepared.batches.items()}
 
         def reset(db: str) -> None:
             for c in clients:
                 c[db].feed.drop()
-                c[db].feed.create_index([("receiver_id", 1), ("event_time", -1), ("_id", -1)], name="receiver_time_id")
-                c[db].feed.create_index([("data_key", 1)], name="data_key")
+                for index in copies.indexes():
+                    c[db].feed.create_index(list(index.keys), name=index.name)
 
         def run_router() -> float:
             reset("bench_router")

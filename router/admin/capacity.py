@@ -4,8 +4,8 @@
 their own numbers. Measured constants (fan-out rate per process, per-worker Celery rate,
 finds per page) default to this project's own runs and can be read from a
 ``bench.json`` with ``--bench``. Document sizes are not assumed: they are the BSON size of
-the documents this router's own code builds (:func:`router.core.layouts.entry_of`,
-:func:`router.core.layouts.outbox.document`) for a payload of ``--payload-bytes``.
+the documents this router's own code builds (the default layout's and the outbox's
+``documents``) for a payload of ``--payload-bytes``.
 
 The follower counts follow a Pareto law with shape ``--tail-alpha`` and the given mean,
 which sets how much of the fan-out belongs to authors above ``--pull-threshold`` (pulled,
@@ -32,7 +32,7 @@ import attrs
 import bson
 
 from ..ids import data_key
-from ..core.layouts import entry_of, outbox
+from ..core.layouts import DEFAULT, LAYOUTS, Copy, CopyList, Post, outbox
 from ..model import Activity
 
 __all__ = ["Inputs", "Row", "plan", "main"]
@@ -89,8 +89,10 @@ def document_bytes(payload_bytes: int) -> tuple[int, int]:
     activity = Activity(sender_id=10**12, event_time=datetime(2026, 1, 1, tzinfo=timezone.utc), type=1,
                         data={"p": "x" * max(payload_bytes - 8, 0)}, data_key=data_key("post", 10**12))
     a = activity
-    copy = entry_of(bson.ObjectId(), 10**12 + 1, a.sender_id, a.event_time, a.type, a.data, a.data_key)
-    return len(bson.encode(copy)), len(bson.encode(outbox.document(bson.ObjectId(), activity)))
+    copy = Copy(bson.ObjectId(), 10**12 + 1, a.sender_id, a.event_time, a.type, a.data, a.data_key)
+    (stored,) = LAYOUTS[DEFAULT].documents(CopyList([copy]))
+    (entry,) = outbox.OUTBOX.documents([Post(bson.ObjectId(), activity)])
+    return len(bson.encode(stored)), len(bson.encode(entry))
 
 
 def pulled_share(i: Inputs) -> tuple[float, float]:

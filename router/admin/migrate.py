@@ -16,6 +16,16 @@ Every step goes through :class:`MigrationContext`, so ``--dry-run`` prints the
 exact commands without sending them, and MongoDB-only steps check
 :class:`~router.clusters.Capabilities` first and say when they are skipped.
 
+**Feed indexes are the layout's.** A period's ``feed`` indexes are those its layout lists
+(:meth:`~router.core.layouts.Layout.indexes`), created when the period is added
+(:func:`~router.admin.indexes.create_feed_indexes`). The shipped migrations' feed-index
+steps (0001's ``receiver_time_id`` and ``data_key``, 0002's ``data_key_id``) predate that:
+the context notes them as superseded and creates nothing (a ``buckets`` period would not
+use them), and drops only an index that exists (0002's ``data_key``, left by an 0001
+applied earlier). After the migrations, the indexes of the period the cluster holds are
+created where missing, so a cluster migrated across that change keeps every index its
+layout needs. The files themselves are unchanged: their checksums hold.
+
 Example::
 
     migrations = discover()
@@ -40,9 +50,11 @@ import attrs
 from pymongo.errors import PyMongoError
 
 from ..config import RouterConfig
+from ..core.layouts import DEFAULT, LAYOUTS
 from ..errors import MigrationError
 from ..storage import finds
 from ..storage.clusters import Capabilities, Cluster
+from .indexes import create_feed_indexes
 
 __all__ = ["Migration", "MigrationContext", "MigrationReport", "discover", "default_folder", "migrate_cluster", "MIGRATIONS_COLLECTION"]
 
@@ -146,7 +158,11 @@ class MigrationContext:
         log.info("cluster %s: %s", self.cluster.name, text)
 
     def command(self, database: str, command: dict[str, Any]) -> None:
-        """Run a database command (recorded, and only recorded in a dry run)."""
+        """Run a database command (recorded, and only recorded in a dry run); a ``dropIndexes`` of an index that is
+        not there is noted instead."""
+        if "dropIndexes" in command and not self._has_index(database, command["dropIndexes"], command.get("index")):
+            self.note(f"index {command.get('index')} absent on {command['dropIndexes']}: nothing to drop")
+            return
         self.commands.append((database, command))
         self.note(f"{'would run' if self.dry_run else 'run'} on {database}: {command}")
         if not self.dry_run:
@@ -167,8 +183,18 @@ class MigrationContext:
             return
         self.command(self.cluster.database, {"create": name})
 
+    def _has_index(self, database: str, collection: str, name: Any) -> bool:
+        coll = self.cluster.client[database][collection]
+        names = self.cluster.call("listing indexes", lambda: [i["name"] for i in coll.list_indexes()])
+        return name in names
+
     def create_index(self, collection: str, keys: Sequence[tuple[str, int | str]], *, name: str) -> None:
-        """Create an index (a no-op on the server when it exists with the same spec)."""
+        """Create an index (a no-op on the server when it exists with the same spec). On the feed collection, noted
+        as superseded instead: a period's feed indexes are its layout's (see the module's docstring)."""
+        if collection == self.config.feed_collection:
+            self.note(f"index {name} on {collection}: superseded: a period's feed indexes are its layout's, created "
+                      "with the period")
+            return
         self.command(
             self.cluster.database,
             {"createIndexes": collection, "indexes": [{"key": dict(keys), "name": name}]},
@@ -216,6 +242,7 @@ def migrate_cluster(
                 "leave applied migrations as they are and add a new one"
             )
     pending = [m for m in migrations if m.id not in done]
+    steps: list[str] = []
     caps = cluster.capabilities()
     ctx = MigrationContext(cluster, attrs.evolve(config, database=cluster.database), caps, dry_run=dry_run)
     coll = cluster.db[MIGRATIONS_COLLECTION]
@@ -234,10 +261,19 @@ def migrate_cluster(
                 coll.replace_one({"_id": migration.id}, record, upsert=True)
             except PyMongoError as exc:
                 raise cluster.error(exc, doing=f"recording migration {migration.id}") from exc
+    steps = ctx.steps + _period_indexes(cluster, dry_run=dry_run)
     return MigrationReport(
         cluster=cluster.name,
         applied=tuple(m.id for m in pending),
         already=tuple(sorted(done)),
-        steps=tuple(ctx.steps),
+        steps=tuple(steps),
         dry_run=dry_run,
     )
+
+
+def _period_indexes(cluster: Cluster, *, dry_run: bool) -> list[str]:
+    """Create the feed indexes missing for the period *cluster* holds (none without a period, or in a layout this
+    code does not know: its operations fail naming it)."""
+    own = [d for d in cluster.metadata_documents() if d.get("_id") == cluster.name]
+    layout = LAYOUTS.get(str(own[0].get("layout", DEFAULT))) if own else None
+    return create_feed_indexes(cluster, layout, dry_run=dry_run) if layout is not None else []

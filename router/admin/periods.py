@@ -18,8 +18,9 @@ change that would overlap another period or strand data:
 
 Applying is idempotent and ordered so that a crash at any point leaves a valid map
 and re-running finishes the job. Migrations run on the new cluster first, then the
-indexes its layout needs are created (:func:`index_commands`): a failure there changes
-no period. Then the previous period is closed, which at worst leaves a gap that refuses
+indexes its layout lists (:meth:`~router.core.layouts.Layout.indexes`, for every layout:
+:func:`~router.admin.indexes.create_feed_indexes`, the one place feed indexes are made):
+a failure there changes no period. Then the previous period is closed, which at worst leaves a gap that refuses
 writes, never an overlap. Last, the new cluster's metadata is written, with its ``layout``.
 
 Example::
@@ -34,18 +35,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import attrs
 import pymongo
 from pymongo.errors import PyMongoError
 
-from ..core.layouts import DEFAULT, LAYOUTS, Layout
-from ..core.layouts.base import outside_clause
+from ..core import checkpoint, seen
+from ..core.layouts import DEFAULT, LAYOUTS, outbox
 from ..errors import PeriodChangeRefused
 from ..model import ClusterMeta, to_utc
-from ..storage.clusters import Cluster, Clusters
+from ..storage.clusters import Clusters
 from ..timemap import TimeMap, format_period
+from .indexes import create_feed_indexes, index_commands
 from .migrate import Migration, migrate_cluster
 
 __all__ = ["TIME_PLACED", "Outside", "PeriodChange", "apply_period", "index_commands", "layout_problem", "plan_period",
@@ -86,6 +87,8 @@ class PeriodChange:
 #: end would be read as the receiver's marker while newer clusters' items counted as unseen, and a new mark there
 #: would move it backwards; a pulled post there would never be read again.
 TIME_PLACED = ("outbox", "seen", "fanouts")
+#: How each collection of :data:`TIME_PLACED` finds its documents outside a period (its own module knows its fields).
+_OUTSIDE = {"outbox": outbox.outside, "seen": seen.outside, "fanouts": checkpoint.outside}
 
 
 @attrs.frozen
@@ -112,8 +115,7 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
     cluster = clusters[name]
     feed_query, feed_newest = LAYOUTS[layout].outside(start, end)
     asked = [("feed", cluster.feed, feed_query, feed_newest)] + [
-        (collection, cluster.db[collection], outside_clause(start, end, earliest="event_time", latest="event_time"),
-         "event_time") for collection in TIME_PLACED
+        (collection, cluster.db[collection], *_OUTSIDE[collection](start, end)) for collection in TIME_PLACED
     ]
     counts: list[tuple[str, int]] = []
     latest: datetime | None = None
@@ -254,15 +256,7 @@ def apply_period(
         lines.extend(change.describe())
         return lines
     # The new period's indexes before anything is closed: a failure here leaves the map as it was, with no gap.
-    if change.new.layout != DEFAULT:
-        sharded = target.capabilities().sharded
-        for command in index_commands(LAYOUTS[change.new.layout], collection=clusters.config.feed_collection,
-                                      sharded=sharded):
-            spec = command["indexes"][0]
-            lines.append(f"{verb}create index {spec['name']!r} on {target.name}.feed ({change.new.layout} layout): "
-                         f"{spec['key']}{' unique' if spec.get('unique') else ''}")
-            if not dry_run:
-                _create(target, command)
+    lines.extend(create_feed_indexes(target, LAYOUTS[change.new.layout], dry_run=dry_run))
     if change.close is not None:
         # Checked again right before closing: documents may have arrived since planning.
         found = stored_outside(clusters, change.close.name, None, change.new.start_date, layout=change.close.layout)
@@ -281,16 +275,6 @@ def apply_period(
         target.write_meta(change.new)
         log.info("cluster %s now owns %s", change.new.name, format_period(change.new.start_date, change.new.end_date))
     return lines
-
-
-def _create(target: Cluster, command: dict[str, Any]) -> None:
-    target.call("creating indexes", lambda: target.db.command(command))
-
-
-def index_commands(layout: Layout, *, collection: str, sharded: bool) -> list[dict[str, Any]]:
-    """The ``createIndexes`` command documents that give *collection* (a period's feed) the indexes *layout* needs;
-    *sharded*: on a mongos, where migration 0001 sharded the collection on hashed ``receiver_id``."""
-    return [index.to_command(collection) for index in layout.indexes(sharded=sharded)]
 
 
 def layout_problem(clusters: Clusters, name: str, layout: str) -> str | None:

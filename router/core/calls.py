@@ -22,7 +22,7 @@ from ..config import RouterConfig
 from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
 from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
-from .checkpoint import JobStatus, fenced_status, job_status, read_batches
+from .checkpoint import JobStatus, fenced_status, find_job
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
 from .erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, status_program
@@ -35,7 +35,7 @@ from .routing import Routing, routed
 from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_of, marker_program, unseen_program
 from .settings import MAX_PAGE, MAX_TYPES, Settings, pseudonyms_of
 from .social import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
-from .steps import Concurrently, Failure, Find, Program
+from .steps import Concurrently, Failure, Program
 from .writes import write_program
 
 __all__ = [
@@ -235,21 +235,15 @@ def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
         raise InvalidItem("job_id", f"must be a non-empty str (got {job_id!r:.80})")
     deadline = deadline_in(view.settings.timeout)
     names = list(view.names)
-
-    def one(name: str) -> Program[list[dict[str, Any]] | Failure]:
-        answer: list[dict[str, Any]] | Failure = yield Find(name, "fanouts", {"_id": job_id}, deadline, limit=1)
-        return answer
-
-    answers = yield Concurrently([one(n) for n in names], names)
+    answers = yield Concurrently([find_job(n, job_id, deadline=deadline) for n in names], names)
     failures = [a.error for a in answers if isinstance(a, Failure)]
     for name, answer in zip(names, answers):
-        if not isinstance(answer, Failure) and answer:
-            records = yield from read_batches(name, job_id, deadline=deadline)
-            key = str(answer[0].get("data_key"))
+        if answer is not None and not isinstance(answer, Failure):
+            status, key = answer
             fences = yield from read_fences(name, [key], deadline)
             if isinstance(fences, Failure):
                 raise fences.error
-            return fenced_status(job_status(name, answer[0], records), fences.get(key, NEVER))
+            return fenced_status(status, fences.get(key, NEVER))
     if failures:
         raise failures[0]
     raise InvalidItem("job_id", f"no cluster has a fan-out job {job_id!r:.80}")

@@ -47,6 +47,7 @@ from ..model import to_millis
 from .layouts import posts
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
+from .layouts.queries import outside_clause
 from .policy import DUPLICATE_KEY, RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
@@ -55,8 +56,9 @@ from .writes import insert_program
 
 __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
-    "check_batch", "check_checkpoint", "drop_checkpoint", "drop_jobs", "job_ids", "jobs_of",
-    "done_batches", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
+    "check_batch", "check_checkpoint", "done_batches", "drop_checkpoint", "drop_jobs", "find_job", "finish_checkpoint",
+    "fenced_status", "jobs_of", "job_status", "open_checkpoint", "outside", "read_batches", "record_batch",
+    "start_job",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,8 @@ def start_job(
     cluster's error.
     """
     a = job.activity
-    entries = [posts.entry(a.sender_id, a.data_key, a.event_time)]
-    stored = yield from insert_program(job.cluster, posts.POSTS, entries, policy=policy, deadline=deadline_in(timeout),
+    post = posts.Registered(a.sender_id, a.data_key, a.event_time)
+    stored = yield from insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline_in(timeout),
                                        duplicates="present")
     if stored.failed:
         raise next(iter(stored.failed.values()))
@@ -85,21 +87,17 @@ def start_job(
         fence = yield from refuse_deleted(job.cluster, a.data_key, timeout=timeout, sender=a.sender_id,
                                           pseudonyms=pseudonyms)
     except ItemDeleted:
-        for request in posts.fix(job.cluster, a.data_key, [entries[0]["_id"]], None, deadline_in(timeout)):
+        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
             yield request  # (left behind if this fails: the post's erasure or a later start removes it)
         raise
     done = yield from open_checkpoint(job, timeout=timeout)
     return done, fence
 
 
-def jobs_of(cluster: str, keys: Sequence[str], deadline: float) -> Find:
-    """The fan-out jobs of the posts *keys* in *cluster* (their ids; by the index ``data_key`` of migration 0006)."""
-    return Find(cluster, "fanouts", {"data_key": {"$in": list(keys)}}, deadline, projection={"_id": 1})
-
-
-def job_ids(docs: Iterable[Mapping[str, Any]]) -> list[Any]:
-    """The job ids of an answer to :func:`jobs_of`."""
-    return [doc["_id"] for doc in docs]
+def jobs_of(cluster: str, keys: Sequence[str], deadline: float) -> Program[list[Any] | Failure]:
+    """The ids of the fan-out jobs of the posts *keys* in *cluster* (by the index ``data_key`` of migration 0006)."""
+    docs = yield Find(cluster, "fanouts", {"data_key": {"$in": list(keys)}}, deadline, projection={"_id": 1})
+    return docs if isinstance(docs, Failure) else [doc["_id"] for doc in docs]
 
 
 def drop_jobs(cluster: str, job_ids: Sequence[Any], deadline: float) -> list[tuple[Collection, Delete]]:
@@ -273,6 +271,16 @@ def read_batches(cluster: str, job_id: str, *, deadline: float) -> Program[list[
     return found
 
 
+def find_job(cluster: str, job_id: str, *, deadline: float) -> Program[tuple[JobStatus, str] | Failure | None]:
+    """Job *job_id*'s status in *cluster*, from its checkpoint and batch records, with its post's ``data_key``; None
+    when *cluster* holds no such job."""
+    found = yield Find(cluster, "fanouts", {"_id": job_id}, deadline, limit=1)
+    if isinstance(found, Failure) or not found:
+        return found if isinstance(found, Failure) else None
+    records = yield from read_batches(cluster, job_id, deadline=deadline)
+    return job_status(cluster, found[0], records), str(found[0].get("data_key"))
+
+
 def done_batches(records: Iterable[Mapping[str, Any]]) -> set[int]:
     """The numbers of the batches *records* mark done."""
     return {int(r["n"]) for r in records if r.get("state") == "done" and type(r.get("n")) is int}
@@ -435,3 +443,9 @@ def job_status(cluster: str, doc: Mapping[str, Any], records: Iterable[Mapping[s
         updated_at=doc.get("updated_at") if isinstance(doc.get("updated_at"), datetime) else None,
         batches_missing=missing, missing_batches=tuple(listed), recorded=recorded, batches_ignored=len(records) - len(ours),
     )
+
+
+def outside(start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
+    """The filter of checkpoints whose activity is outside ``[start, end)``, and the field that gives its time
+    (a checkpoint lives in the cluster that owns its activity's time, like the copies)."""
+    return outside_clause(start, end, earliest="event_time", latest="event_time"), "event_time"

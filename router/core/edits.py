@@ -28,8 +28,7 @@ from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
 from .fence import mark_deleted, mark_updated
 from .layouts import EditSettings, Layout, layout_for, outbox
-from .policy import deadline_in
-from .steps import Concurrently, Delete, Failure, Program, Update
+from .steps import Concurrently, Program
 
 __all__ = ["EditSettings", "delete_program", "unfollow_program", "update_program"]
 
@@ -44,12 +43,9 @@ _Copies = Callable[[Layout, str], Program[_Outcome]]
 
 def _outbox(cluster: str, data_key: str, data: Mapping[str, Any] | None,
             settings: EditSettings) -> Program[ClusterUnavailable | None]:
-    """Edit a data_key's outbox entries in one request: one per second it was published at, not one per copy."""
-    deadline = deadline_in(settings.timeout)
-    match, update = outbox.edit(data_key, data)
-    answer = yield (Delete(cluster, "outbox", match, deadline) if update is None
-                    else Update(cluster, "outbox", match, update, deadline))
-    return answer.error if isinstance(answer, Failure) else None
+    """Edit a data_key's outbox entries (:func:`~router.core.layouts.outbox.edit`)."""
+    answer = yield from outbox.edit(cluster, data_key, data, settings)
+    return answer.error if answer is not None else None
 
 
 def _everywhere(

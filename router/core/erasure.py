@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -48,10 +48,10 @@ from ..errors import ClusterUnavailable, ErasureFailed, RouterError
 from ..timemap import TimeMap
 from . import checkpoint, fence, seen
 from .fence import ERASURES_COLLECTION
-from .layouts import EditSettings, layout_for, outbox, posts
+from .layouts import EditSettings, Writer, layout_for, outbox, posts
 from .policy import deadline_in
 from .pseudonyms import Pseudonyms
-from .steps import Concurrently, Delete, Failure, Find, Program, Update, ask
+from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
 from .writes import insert_program
 
 __all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureRecord", "ErasureResult", "ErasureStatus",
@@ -149,6 +149,22 @@ class ErasureRecord:
 _Outcome = tuple[dict[str, int], RouterError | None]
 
 
+class _Records(Writer[list[dict[str, Any]]]):
+    """Erasure records, stored as they are (one per request and cluster, under the request's id: a duplicate is
+    the same record, stored by an earlier attempt)."""
+
+    collection: ClassVar[Collection] = ERASURES_COLLECTION
+
+    def documents(self, batch: list[dict[str, Any]]) -> list[Any]:
+        return batch
+
+    def store(self, cluster: str, documents: Sequence[Any], deadline: float, *, again: bool = False) -> Request:
+        return Insert(cluster, ERASURES_COLLECTION, documents, deadline)
+
+
+_RECORDS = _Records()
+
+
 def erase_program(plan: ErasurePlan) -> Program[ErasureResult]:
     """Erase ``plan.user_id`` from every named cluster, concurrently (see the module's docs); return the counts.
 
@@ -175,7 +191,7 @@ def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
     record = {"_id": plan.request_id, "user": plan.pseudonyms.of(plan.user_id), "requested_by": plan.requested_by,
               "requested_at": plan.now, "clusters": list(plan.names), "state": "running", "counts": {},
               "finished_at": None}
-    stored = yield from insert_program(cluster, ERASURES_COLLECTION, [record], policy=plan.settings.policy,
+    stored = yield from insert_program(cluster, _RECORDS, [record], policy=plan.settings.policy,
                                        deadline=deadline_in(plan.settings.timeout), duplicates="present")
     if stored.failed:
         return counts, next(iter(stored.failed.values()))
@@ -204,12 +220,15 @@ def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tu
     user, settings = plan.user_id, plan.settings
     while True:
         deadline = deadline_in(settings.timeout)
-        found = yield Concurrently([ask(posts.registered_keys(cluster, user, deadline, limit=PAGE)),
-                                    ask(outbox.sent_keys(cluster, user, deadline, limit=PAGE))], [cluster, cluster])
+        found: list[list[str] | Failure] = yield Concurrently([posts.registered_keys(cluster, user, deadline, limit=PAGE),
+                                                               outbox.sent_keys(cluster, user, deadline, limit=PAGE)],
+                                                              [cluster, cluster])
+        keys_found: set[str] = set()
         for answer in found:
             if isinstance(answer, Failure):
                 return answer.error
-        keys = sorted({key for answer in found for key in posts.keys_of(answer)})
+            keys_found.update(answer)
+        keys = sorted(keys_found)
         if not keys:
             return None
         removed, trouble = yield from remove_sent(cluster, user, keys, settings)
@@ -229,10 +248,9 @@ def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tu
 
 def _jobs(cluster: str, keys: Sequence[str], counts: dict[str, int], timeout: float) -> Program[RouterError | None]:
     """The fan-out job records of the posts *keys*: batch records, sent-batch records, then the jobs."""
-    found: list[dict[str, Any]] | Failure = yield checkpoint.jobs_of(cluster, keys, deadline_in(timeout))
-    if isinstance(found, Failure):
-        return found.error
-    jobs = checkpoint.job_ids(found)
+    jobs = yield from checkpoint.jobs_of(cluster, keys, deadline_in(timeout))
+    if isinstance(jobs, Failure):
+        return jobs.error
     for collection, request in checkpoint.drop_jobs(cluster, jobs, deadline_in(timeout)) if jobs else ():
         error = yield from _count(request, counts, collection)
         if error is not None:

@@ -4,15 +4,17 @@
 first, and hands each record to a :class:`Sink` (the door's :class:`~router.exports.ExportFolder`
 writes it to a file), three streams:
 
-* ``sent``: the user's posts as they sent them, one record per post (its ``data_key``,
-  time, type and data), found through the posts registry (:mod:`router.core.layouts.posts`)
-  oldest first; the data comes from the post's outbox entry, or else from one of its copies.
-* ``received``: the items of the user's own feed, oldest first (:meth:`Layout.oldest_first`).
-* ``seen``: the user's seen markers.
+* ``sent``: the user's posts as they sent them, one :class:`~router.model.Activity` per
+  post, found through the posts registry (:mod:`router.core.layouts.posts`) oldest first;
+  the data comes from the post's outbox entry, or else from one of its copies.
+* ``received``: the items of the user's own feed, oldest first (:meth:`Layout.oldest_first`),
+  as the :class:`~router.model.FeedItem` values a page serves.
+* ``seen``: the user's seen markers (:class:`~router.core.seen.Marker`).
 
-Memory stays bounded: each stream is read a page of :data:`PAGE` at a time, and a record
-goes to the sink as soon as it is read. Each record names its period (``period``: the
-cluster). Periods do not overlap, so taking them oldest first keeps each stream in time order.
+Only values cross here: the layouts and :mod:`.seen` read the stored documents, and the
+sink turns each value into a record. Memory stays bounded: each stream is read a page of
+:data:`PAGE` at a time, and a value goes to the sink as soon as it is read, with its
+period (the cluster). Periods do not overlap, so taking them oldest first keeps each stream in time order.
 
 Example::
 
@@ -28,8 +30,8 @@ from typing import Any, Protocol
 import attrs
 
 from ..cursor import Position
-from ..timemap import TimeMap
 from ..model import Activity
+from ..timemap import TimeMap
 from . import seen
 from .layouts import layout_for, outbox, posts
 from .policy import deadline_in
@@ -44,9 +46,11 @@ PAGE = 500
 
 
 class Sink(Protocol):
-    """Where an export's records go, one at a time, in order (the door writes them to files)."""
+    """Where an export's records go, one at a time, in order (the door writes them to files): each a value of the
+    router's API (an :class:`~router.model.Activity` sent, a :class:`~router.model.FeedItem` received, a
+    :class:`~router.core.seen.Marker`) and the period it was read from."""
 
-    def write(self, stream: str, record: Mapping[str, Any]) -> None: ...
+    def write(self, stream: str, value: Any, period: str) -> None: ...
 
 
 @attrs.frozen
@@ -73,8 +77,8 @@ def export_program(plan: ExportPlan, sink: Sink) -> Program[ExportSummary]:
     periods = plan.timemap.periods
     for stream, read in (("sent", _sent), ("received", _received), ("seen", _seen)):
         for meta in periods:
-            def emit(record: dict[str, Any], stream: str = stream, period: str = meta.name) -> None:
-                sink.write(stream, {**record, "period": period})
+            def emit(value: Any, stream: str = stream, period: str = meta.name) -> None:
+                sink.write(stream, value, period)
                 counts[stream] += 1
 
             yield from read(plan, meta.name, emit)
@@ -83,7 +87,7 @@ def export_program(plan: ExportPlan, sink: Sink) -> Program[ExportSummary]:
 
 
 #: What a stream's reader hands each record to, as soon as it is read.
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Any], None]
 
 
 def _answer(answer: Any) -> Any:
@@ -97,28 +101,28 @@ def _sent(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
     one of its copies), a page at a time."""
     user = plan.user_id
     layout = layout_for(plan.timemap, cluster)
-    after: tuple[Any, str] | None = None
+    after: posts.Registered | None = None
     while True:
         deadline = deadline_in(plan.timeout)
-        page = _answer((yield posts.registered(cluster, user, deadline, limit=PAGE, after=after)))
+        page = _answer((yield from posts.registered(cluster, user, deadline, limit=PAGE, after=after)))
         if not page:
             return
-        keys = posts.keys_of(page)
-        found = {a.data_key: a for a in map(outbox.activity_of, _answer((yield outbox.published(cluster, user, keys,
-                                                                                                  deadline))))}
+        keys = [p.data_key for p in page]
+        published = _answer((yield from outbox.published(cluster, user, keys, deadline)))
+        found = {p.activity.data_key: p.activity for p in published}
         missing = [k for k in keys if k not in found]
         copies = yield Concurrently([layout.sent_copy(cluster, user, k, deadline) for k in missing],
                                     [cluster] * len(missing))
         for key, copy in zip(missing, copies):
             item = _answer(copy)
             if item is not None:
-                found[key] = Activity(sender_id=user, event_time=item.event_time, type=item.type, data=item.data,
-                                      data_key=key)
-        for a in (found[key] for key in keys if key in found):  # (a post with nothing stored any more is not one)
-            emit({"data_key": a.data_key, "event_time": a.event_time, "type": a.type, "data": a.data})
+                found[key] = Activity.from_item(item)
+        for key in keys:  # (a post with nothing stored any more is not one)
+            if key in found:
+                emit(found[key])
         if len(page) < PAGE:
             return
-        after = posts.position_of(page[-1])
+        after = page[-1]
 
 
 def _received(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
@@ -128,8 +132,7 @@ def _received(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
     while True:
         inbox = _answer((yield from layout.oldest_first(cluster, plan.user_id, position, PAGE, deadline_in(plan.timeout))))
         for _t, _oid, item in inbox.entries:
-            emit({"id": item.id, "sender_id": item.sender_id, "event_time": item.event_time, "type": item.type,
-                  "data": item.data, "data_key": item.data_key})
+            emit(item)
         if not inbox.full or not inbox.entries:
             return
         t, oid, _item = inbox.entries[-1]
@@ -138,5 +141,5 @@ def _received(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
 
 def _seen(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
     """The user's seen markers in *cluster*, oldest first (usually one)."""
-    for marker in seen.positions(_answer((yield seen.markers(cluster, plan.user_id, deadline_in(plan.timeout))))):
-        emit({"event_time": marker.event_time, "item": marker.id})
+    for marker in _answer((yield from seen.markers(cluster, plan.user_id, deadline_in(plan.timeout)))):
+        emit(marker)

@@ -50,7 +50,7 @@ from .jobs import (
     FanOutJob,
     positive_int,
 )
-from .layouts import LAYOUTS, EditSettings, Layout, copy_entries, layout_for
+from .layouts import LAYOUTS, EditSettings, FanBatch, Layout, layout_for
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing, routed
@@ -183,16 +183,16 @@ def batch_program(
     a = job.activity
     ids = copy_ids(job.seconds, a.data_key, valid)
     shared = known.data if known.updated else a.data if data is None else data
-    docs = copy_entries(ids, valid, a.sender_id, a.event_time, a.type, shared, a.data_key)
+    copies = FanBatch(ids, valid, a.sender_id, a.event_time, a.type, shared, a.data_key)
     layout = LAYOUTS[job.layout]
     written = already = 0
     failed: list[int | str] = []
     errors: list[RouterError] = list(invalid)
     stopped: Failure | None = None
     fence: Fence | None = None
-    if docs:
+    if valid:
         result = yield from insert_program(
-            job.cluster, "feed", docs, policy=policy, deadline=deadline_in(timeout), duplicates="present", layout=layout
+            job.cluster, layout, copies, policy=policy, deadline=deadline_in(timeout), duplicates="present"
         )
         written, already, stopped = result.written, len(result.present), result.stopped
         failed = [valid[p] for p in sorted(result.failed)]

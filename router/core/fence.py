@@ -59,14 +59,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
 from ..errors import ClusterUnavailable, ItemDeleted, SenderErased
 from .policy import RetryPolicy, deadline_in
+from .layouts import Writer
 from .pseudonyms import Pseudonyms
-from .steps import Collection, Concurrently, Delete, Failure, Find, Program, Request
+from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request
 from .writes import insert_program
 
 
@@ -313,6 +314,22 @@ def _drop_erased(
     return gone, receivers
 
 
+class _Records(Writer[list[dict[str, Any]]]):
+    """Fence records, stored as they are (their ids, ``<data_key>#<seq>``, say what they are: a duplicate is the
+    same record)."""
+
+    collection: ClassVar[Collection] = "edits"
+
+    def documents(self, batch: list[dict[str, Any]]) -> list[Any]:
+        return batch
+
+    def store(self, cluster: str, documents: Sequence[Any], deadline: float, *, again: bool = False) -> Request:
+        return Insert(cluster, EDITS_COLLECTION, documents, deadline)
+
+
+_RECORDS = _Records()
+
+
 def _record(data_key: str, seq: int, data: Mapping[str, Any] | None) -> dict[str, Any]:
     deleted = seq >= DELETED
     return {"_id": f"{data_key}#{'deleted' if deleted else seq}", "data_key": data_key, "seq": seq,
@@ -323,7 +340,7 @@ def _record(data_key: str, seq: int, data: Mapping[str, Any] | None) -> dict[str
 def mark_deleted(cluster: str, data_key: str, *, policy: RetryPolicy, timeout: float) -> Program[ClusterUnavailable | None]:
     """Leave *data_key*'s tombstone in *cluster* (before any copy is deleted); the error that stopped it, or None."""
     deadline = deadline_in(timeout)
-    result = yield from insert_program(cluster, EDITS_COLLECTION, [_record(data_key, DELETED, None)], policy=policy,
+    result = yield from insert_program(cluster, _RECORDS, [_record(data_key, DELETED, None)], policy=policy,
                                        deadline=deadline, duplicates="present")
     if result.failed:
         error = result.failed[0]
@@ -349,7 +366,7 @@ def mark_updated(
         if newest.deleted:
             return None
         seq = newest.seq + 1
-        result = yield from insert_program(cluster, EDITS_COLLECTION, [_record(data_key, seq, data)], policy=policy,
+        result = yield from insert_program(cluster, _RECORDS, [_record(data_key, seq, data)], policy=policy,
                                            deadline=deadline, duplicates="present")
         if result.failed:
             error = result.failed[0]

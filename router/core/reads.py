@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 from bson import ObjectId
@@ -36,9 +36,9 @@ from ..errors import ClusterUnavailable
 from ..model import FeedItem, Page
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
-from .layouts import Inbox, Layout, layout_for, outbox
+from .layouts import Inbox, Layout, Post, layout_for, outbox
 from .policy import turn_deadline
-from .steps import Concurrently, Failure, Find, Program, Report, ask
+from .steps import Concurrently, Failure, Program, Report
 
 __all__ = ["MAX_WAVE", "ReadPlan", "read_program"]
 
@@ -113,11 +113,11 @@ def _inbox_only(
     return _Fetched(entries, last, inbox.full)
 
 
-def _pulled_entries(plan: ReadPlan, docs: list[dict[str, Any]]) -> list[_Entry]:
-    """Outbox documents as page entries, each under the key the receiver's copy has (or would have)."""
+def _pulled_entries(plan: ReadPlan, posts: list[Post]) -> list[_Entry]:
+    """Pulled posts as page entries, each under the key the receiver's copy has (or would have)."""
     entries = []
-    for doc in docs:
-        pulled = outbox.pulled_item(doc, plan.receiver_id)
+    for post in posts:
+        pulled = outbox.pulled_item(post, plan.receiver_id)
         if pulled is not None:
             entries.append(_Entry(*pulled, True))
     return entries
@@ -129,7 +129,7 @@ def _with_pull(
     skip = position.skip if position is not None else 0
 
     def pulled(limit: int = 0, *, at_or_before: datetime | None = None, at: datetime | None = None,
-               before: datetime | None = None) -> Find:
+               before: datetime | None = None) -> Program[list[Post] | Failure]:
         return outbox.find(cluster, plan.pull, deadline, types=plan.types, limit=limit, at_or_before=at_or_before, at=at,
                            before=before)
 
@@ -137,12 +137,12 @@ def _with_pull(
     # millisecond above the last entry's is complete, and only that last millisecond is in doubt.
     ask_for = need + skip + 1
     outbox_request = pulled(ask_for, at_or_before=position.event_time if position is not None else None)
-    inbox, found = yield Concurrently([_inbox(plan, cluster, position, need, deadline), ask(outbox_request)],
+    inbox, found = yield Concurrently([_inbox(plan, cluster, position, need, deadline), outbox_request],
                                      [cluster, cluster])
     for answer in (inbox, found):
         if isinstance(answer, Failure):
             return answer
-    docs: list[dict[str, Any]] = found
+    docs: list[Post] = found
     inbox_entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
     inbox_full = inbox.full
     inbox_front = (inbox_entries[-1].event_time, inbox_entries[-1].key.binary) if inbox_full and inbox_entries else None
@@ -151,7 +151,7 @@ def _with_pull(
     while True:
         pulled_entries = _pulled_entries(plan, docs)
         entries = _merge(inbox_entries, pulled_entries, position)
-        outbox_floor = outbox.entry_key(docs[-1])[0] if outbox_full and docs else None
+        outbox_floor = outbox.sort_key(docs[-1])[0] if outbox_full and docs else None
         safe = [
             e for e in entries
             if (inbox_front is None or (e.event_time, e.key.binary) >= inbox_front)
@@ -165,16 +165,16 @@ def _with_pull(
             # The floor's millisecond may hold entries the answer left out, sorting anywhere in it by their keys
             # here (more than a page of them, or entries published there after the cursor was made, under keys it
             # had passed): fetch all of it.
-            group = yield pulled(at=outbox_floor)
+            group = yield from pulled(at=outbox_floor)
             if isinstance(group, Failure):
                 return group
-            known = {outbox.entry_key(d) for d in docs}
-            docs = docs + [d for d in group if outbox.entry_key(d) not in known]
+            known = {outbox.sort_key(d) for d in docs}
+            docs = docs + [d for d in group if outbox.sort_key(d) not in known]
             whole_group = True
             continue
         # Still short with the whole millisecond known: go on below it (each round moves the floor down, so the
         # outbox, which is finite, ends the loop).
-        lower = yield pulled(need + 1, before=outbox_floor)
+        lower = yield from pulled(need + 1, before=outbox_floor)
         if isinstance(lower, Failure):
             return lower
         docs, outbox_full, whole_group = docs + lower, len(lower) == need + 1, False

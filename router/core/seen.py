@@ -40,11 +40,11 @@ from ..errors import InvalidItem
 from ..model import FeedItem
 from ..timemap import TimeMap
 from .layouts import Layout, layout_for, outbox
-from .layouts.copies import older_than
+from .layouts.queries import older_than, outside_clause
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
-__all__ = ["MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "forget", "mark_program", "marker_of", "marker_program",
-           "markers", "positions", "unseen_program"]
+__all__ = ["MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "mark_program", "marker_of",
+           "marker_program", "markers", "outside", "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
@@ -141,15 +141,19 @@ def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: fl
     return None, len(names)
 
 
-def markers(cluster: str, receiver_id: int | str, deadline: float) -> Find:
+@attrs.frozen
+class Marker:
+    """A seen marker as an export shows it: its time and the id of the item marked."""
+
+    event_time: datetime
+    item: ObjectId
+
+
+def markers(cluster: str, receiver_id: int | str, deadline: float) -> Program[list[Marker] | Failure]:
     """Every seen marker of *receiver_id* in *cluster*, lowest first (an export: usually one)."""
-    return Find(cluster, "seen", {"receiver_id": receiver_id}, deadline, sort=[(f, 1) for f, _ in SEEN_SORT],
-                projection={"_id": 0, "event_time": 1, "key": 1})
-
-
-def positions(docs: Sequence[Mapping[str, Any]]) -> list[Position]:
-    """The positions seen markers record (an answer to :func:`markers`)."""
-    return [Position(d["event_time"], d["key"]) for d in docs]
+    docs = yield Find(cluster, "seen", {"receiver_id": receiver_id}, deadline, sort=[(f, 1) for f, _ in SEEN_SORT],
+                      projection={"_id": 0, "event_time": 1, "key": 1})
+    return docs if isinstance(docs, Failure) else [Marker(d["event_time"], d["key"]) for d in docs]
 
 
 def forget(cluster: str, receiver_id: int | str, deadline: float) -> Delete:
@@ -172,18 +176,17 @@ def _count_with_pull(plan: UnseenPlan, cluster: str, marker: Position | None, ne
     """
     programs = [
         plan.layout(cluster).newer(cluster, plan.receiver_id, marker, need, plan.deadline),
-        ask(outbox.find(cluster, plan.pull, plan.deadline, after=marker.event_time if marker else None, limit=need,
-                            keys_only=True)),
+        outbox.keys(cluster, plan.pull, plan.receiver_id, plan.deadline, after=marker.event_time if marker else None,
+                    limit=need),
     ]
     if marker is not None:
-        programs.append(ask(outbox.find(cluster, plan.pull, plan.deadline, at=marker.event_time, keys_only=True)))
+        programs.append(outbox.keys(cluster, plan.pull, plan.receiver_id, plan.deadline, at=marker.event_time))
     answers = yield Concurrently(programs, [cluster] * len(programs))
     inbox, found = _keys(answers[0]), _keys(answers[1])
     if len(inbox) >= need or len(found) >= need:
         return need
     seen = set(inbox)
-    for doc in found + (_keys(answers[2]) if marker is not None else []):
-        where = outbox.keyed(doc, plan.receiver_id)  # (None: a page skips such an entry too)
+    for where in found + (_keys(answers[2]) if marker is not None else []):  # (None: a page skips such a post too)
         if where is not None and (marker is None or (where[0], where[1].binary) > (marker.event_time, marker.id.binary)):
             seen.add(where)
     return min(len(seen), need)
@@ -205,3 +208,8 @@ def unseen_program(plan: UnseenPlan) -> Program[Unseen]:
         if total > plan.cap:
             break
     return Unseen(min(total, plan.cap), total > plan.cap, marker, tuple(queried))
+
+
+def outside(start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
+    """The filter of seen markers outside ``[start, end)``, and the field that gives a marker's time."""
+    return outside_clause(start, end, earliest="event_time", latest="event_time"), "event_time"

@@ -37,7 +37,7 @@ from ..timemap import ReadWindow, TimeMap
 from ..model import Activity
 from .fanout import FanOutJob, plan_job
 from .fence import Parties, settle
-from .layouts import EditSettings, entry_of, layout_for, outbox, posts
+from .layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing
@@ -64,11 +64,11 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     a = job.activity
     oid = outbox_id(job.seconds, a.data_key)
     deadline = deadline_in(timeout)
-    post = posts.entry(a.sender_id, a.data_key, a.event_time)
+    post = posts.Registered(a.sender_id, a.data_key, a.event_time)
     results = yield Concurrently([
-        insert_program(job.cluster, "outbox", [outbox.document(oid, a)], policy=policy, deadline=deadline,
+        insert_program(job.cluster, outbox.OUTBOX, [Post(oid, a)], policy=policy, deadline=deadline,
                        duplicates="present"),
-        insert_program(job.cluster, posts.POSTS, [post], policy=policy, deadline=deadline, duplicates="present"),
+        insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline, duplicates="present"),
     ], [job.cluster, job.cluster])
     for result in results:
         if result.failed:
@@ -79,7 +79,7 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
         raise settled.error
     fence = settled.fences[a.data_key]
     if fence.deleted:
-        for request in posts.fix(job.cluster, a.data_key, [post["_id"]], None, deadline_in(timeout)):
+        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
             yield request  # (left behind if this fails: the sender's erasure, or a later publish, removes it)
         raise SenderErased(a.data_key) if fence.erased else ItemDeleted(a.data_key)
     return bool(results[0].written == 1)
@@ -197,26 +197,26 @@ def backfill_program(
         if remaining <= 0:
             break
         deadline = deadline_in(timeout)
-        found = yield outbox.find(cluster, senders, deadline, after=after, limit=remaining)
+        found = yield from outbox.find(cluster, senders, deadline, after=after, limit=remaining)
         if isinstance(found, Failure):
             raise found.error
         read.append(cluster)
         remaining -= len(found)
         keys: list[str] = []
-        docs: list[dict[str, Any]] = []
+        copies: list[Copy] = []
         written_ids: dict[str, list[Any]] = {}
         sent_by: dict[str, int | str] = {}
-        for entry in found:
-            a = outbox.activity_of(entry)
+        for post in found:
+            a = post.activity
             (oid,) = copy_ids(int(a.event_time.timestamp()), a.data_key, [receiver_id])
-            docs.append(entry_of(oid, receiver_id, a.sender_id, a.event_time, a.type, a.data, a.data_key))
+            copies.append(Copy(oid, receiver_id, a.sender_id, a.event_time, a.type, a.data, a.data_key))
             keys.append(a.data_key)
             written_ids.setdefault(a.data_key, []).append(oid)
             sent_by[a.data_key] = a.sender_id
-        if docs:
+        if copies:
             layout = layout_for(timemap, cluster)
-            result = yield from insert_program(cluster, "feed", docs, policy=policy, deadline=deadline,
-                                               duplicates="present", layout=layout)
+            result = yield from insert_program(cluster, layout, CopyList(copies), policy=policy, deadline=deadline,
+                                               duplicates="present")
             if result.failed:
                 raise next(iter(result.failed.values()))
             parties = Parties(sent_by, {key: [receiver_id] * len(ids) for key, ids in written_ids.items()},

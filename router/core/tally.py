@@ -2,7 +2,8 @@
 (:class:`FanOutResult`).
 
 :class:`Tally` adds up batch outcomes; :class:`RunState` is what every engine (threads,
-asyncio) keeps while a run goes on, and how it ends. Engines only decide where batches run.
+asyncio) keeps while a run goes on, and how it ends; the loop that feeds it batches is
+:func:`router.core.runs.run_loop`. Engines only decide how they wait and where batches run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .fanout import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob, b
 from .fence import NEVER, Fence
 from .policy import RetryPolicy
 from .pseudonyms import Pseudonyms
+from .runs import SKIP, STOP
 from .steps import Program
 
 __all__ = ["FanOutProgress", "FanOutResult", "Tally"]
@@ -188,6 +190,8 @@ class RunState:
         self.gave_up: BaseException | None = None
         self.raised: BaseException | None = None
         self.fence: Fence = NEVER
+        #: The batches done earlier (read by :meth:`open`).
+        self.done: set[int] = set()
 
     def progress(self) -> FanOutProgress:
         with self.lock:
@@ -212,18 +216,20 @@ class RunState:
         log.info("fan-out %r: data_key %s at %s to cluster %r, batches of %d, %d in flight, %d batches done earlier",
                  job.job_id, job.activity.data_key, job.activity.event_time.isoformat(), job.cluster, job.batch_size,
                  self.concurrency, len(done), extra=job.log_extra)
+        self.done = done
         return done
 
-    def admit(self, number: int, chunk: list[Any], done: set[int]) -> Literal["send", "skip", "stop"]:
-        """What to do with batch *number*, just read: ``send`` it, ``skip`` it (done earlier), or ``stop`` (the run
-        is stopping: it is left for a resume)."""
+    def admit(self, number: int, first: int, chunk: list[Any]) -> Any:
+        """What to send for batch *number*, just read: the batch itself (``(number, first, chunk)``), or
+        :data:`~router.core.runs.SKIP` (done earlier) or :data:`~router.core.runs.STOP` (the run is stopping: it is
+        left for a resume)."""
         self.total = number + 1
         if self.stopping:
-            return "stop"
-        if number in done:
+            return STOP
+        if number in self.done:
             self.resumed(len(chunk))
-            return "skip"
-        return "send"
+            return SKIP
+        return number, first, chunk
 
     def exhausted(self) -> None:
         """Every receiver was read (unless the run was stopping meanwhile)."""

@@ -2,7 +2,7 @@
 
 :func:`prepare` is the router's per-item hot path (about 1.7 µs an item): check the item,
 ask the chooser (:meth:`~router.core.routing.Routing.locate`) for its cluster, make its
-``_id``, build its document. :func:`insert_program` is the one insert-and-retry loop of
+``_id``; each cluster's layout then builds its share's documents in one comprehension. :func:`insert_program` is the one insert-and-retry loop of
 the router: ``write_many``, fan-out batches, ``publish`` and backfill all use it, and it
 reports every document's outcome, so callers never interpret driver errors.
 
@@ -28,7 +28,7 @@ import gc
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 from bson import ObjectId
@@ -38,14 +38,15 @@ from ..ids import make_ids
 from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
-from .layouts import Entry, Layout, item_entries, layout_for, posts, same_entry
+from .layouts import ItemBatch, Layout, Writer, layout_for, posts
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
-from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Report, Sleep
+from .steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
 
 __all__ = ["InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_or_stale", "write_program"]
 
 log = logging.getLogger(__name__)
+B = TypeVar("B")
 
 
 @attrs.frozen
@@ -62,16 +63,17 @@ class WriteSettings:
 
 @attrs.frozen
 class Prepared:
-    """Items checked, routed and built: ``ids`` in input order; per cluster, the input indexes and the
-    documents to insert, in the same order; ``given``: indexes whose ``_id`` the caller chose."""
+    """Items checked, routed and given ids: ``ids`` in input order; per cluster, the input indexes and that
+    cluster's copies (its items under their ids), in the same order; ``given``: indexes whose id the caller chose."""
 
     ids: list[ObjectId]
-    batches: dict[str, tuple[list[int], list[dict[str, Any]]]]
+    batches: dict[str, tuple[list[int], ItemBatch]]
     given: frozenset[int] = frozenset()
 
 
 def prepare(items: Sequence[FeedItem], routing: Routing, *, indexed: bool = True) -> Prepared:
-    """Check, route, id and build every item, or raise before anything is written.
+    """Check, route and id every item, or raise before anything is written (each cluster's layout builds its
+    documents: :meth:`~router.core.layouts.Layout.item_documents`).
 
     Raises :class:`InvalidItem`, :class:`NoClusterForTime` (naming the item's index when
     *indexed*), and :class:`PastHorizon` for an item past the map's horizon.
@@ -109,8 +111,7 @@ def _prepare(seq: Sequence[FeedItem], routing: Routing, indexed: bool) -> Prepar
     ids = make_ids(seconds)
     for i, oid in given.items():
         ids[i] = oid
-    documents = item_entries(seq, ids)
-    batches = {name: (idx, [documents[i] for i in idx]) for name, idx in routes.items()}
+    batches = {name: (idx, ItemBatch([seq[i] for i in idx], [ids[i] for i in idx])) for name, idx in routes.items()}
     return Prepared(ids=ids, batches=batches, given=frozenset(given))
 
 
@@ -145,23 +146,25 @@ class InsertResult:
 
 def insert_program(
     cluster: str,
-    collection: Collection,
-    docs: list[dict[str, Any]],
+    writer: Writer[B],
+    batch: B,
     *,
     policy: RetryPolicy,
     deadline: float,
     duplicates: Literal["present", "check"],
     given: frozenset[int] = frozenset(),
-    layout: Layout | None = None,
 ) -> Program[InsertResult]:
-    """Insert *docs* (unordered), retrying what the policy allows; report each position's outcome.
+    """Store *batch* (unordered) with *writer*, retrying what the policy allows; report each position's outcome.
 
-    With *layout*, *docs* are entries (copies) and the layout stores them and reads them
-    back; without, they are documents of *collection*, stored as they are.
-    *given* lists the positions whose ``_id`` the caller chose (checked, never renamed).
-    A send that fails as a whole and cannot be retried fails every document still pending
+    *writer* builds the documents and reads them back (a layout for copies, the outbox's writer for posts, or a
+    collection's own records); this loop sees positions, outcomes and ids, never a document's fields.
+    *given* lists the positions whose id the caller chose (checked, never renamed).
+    A send that fails as a whole and cannot be retried fails every position still pending
     with the cluster's error: their outcome is unknown, so none is reported written.
     """
+    docs = writer.documents(batch)
+    collection = writer.collection
+    racy = not writer.duplicates_prove_stored
     pending = list(range(len(docs)))
     written = 0
     present: list[int] = []
@@ -170,9 +173,7 @@ def insert_program(
     retries = resends = 0
     sent_before = False  # has a send of these documents possibly reached the server?
     while pending:
-        batch = [docs[p] for p in pending]
-        outcome: InsertOutcome = yield (Insert(cluster, collection, batch, deadline) if layout is None
-                                        else layout.store(cluster, batch, deadline, again=resends > 0))
+        outcome: InsertOutcome = yield writer.store(cluster, [docs[p] for p in pending], deadline, again=resends > 0)
         whole = outcome.failure
         if whole is not None:
             delay = policy.pause(retries + 1, deadline=deadline) if whole.retryable else None
@@ -207,14 +208,14 @@ def insert_program(
             else:
                 failed[p] = ItemRefused(cluster, error.code, error.message[:200])
         again: list[int] = []
-        if duplicate and duplicates == "present" and (layout is None or layout.duplicates_prove_stored):
+        if duplicate and duplicates == "present" and not racy:
             present.extend(duplicate)
         elif duplicate:
             again = yield from _sort_duplicates(
-                cluster, collection, docs, duplicate, sent_before=sent_before, given=given, deadline=deadline,
-                present=present, failed=failed, renamed=renamed, layout=layout, derived=duplicates == "present",
+                cluster, writer, batch, docs, duplicate, sent_before=sent_before, given=given, deadline=deadline,
+                present=present, failed=failed, renamed=renamed, derived=duplicates == "present",
             )
-            if again and layout is not None and not layout.duplicates_prove_stored:
+            if again and racy:
                 resends += 1
                 if resends > policy.attempts:  # never expected: each resend starts a bucket of its own
                     for p in again:
@@ -239,8 +240,9 @@ def insert_program(
 
 def _sort_duplicates(
     cluster: str,
-    collection: Collection,
-    docs: list[dict[str, Any]],
+    writer: Writer[B],
+    batch: B,
+    docs: list[Any],
     duplicate: list[int],
     *,
     sent_before: bool,
@@ -249,31 +251,26 @@ def _sort_duplicates(
     present: list[int],
     failed: dict[int, RouterError],
     renamed: dict[int, ObjectId],
-    layout: Layout | None,
     derived: bool = False,
 ) -> Program[list[int]]:
     """Decide each duplicate: present (ours, stored earlier), refused (a caller's id taken), renamed, or (for a
-    layout whose duplicates prove nothing) not stored and sent again as it is; return the positions to send again.
+    writer whose duplicates prove nothing) not stored and sent again as it is; return the positions to send again.
     *derived*: the ids are derived from what they identify, so a stored copy under one is ours."""
-    racy = layout is not None and not layout.duplicates_prove_stored
+    racy = not writer.duplicates_prove_stored
     check = duplicate if racy else [p for p in duplicate if sent_before or p in given]
     same: set[int] = set()
     absent: set[int] = set()
     if check:
-        wanted = {docs[p]["_id"]: p for p in check}
-        ids = list(wanted)
-        found = yield (Find(cluster, collection, {"_id": {"$in": ids}}, deadline) if layout is None
-                       else layout.lookup(cluster, [docs[p] for p in check], deadline))
+        found = yield from writer.stored(cluster, batch, check, deadline)
         if isinstance(found, Failure):
             for p in check:  # stored or not, we cannot tell: not reported written
                 failed[p] = found.error
-            duplicate = [p for p in duplicate if p not in wanted.values()]
+            unknown = set(check)
+            duplicate = [p for p in duplicate if p not in unknown]
         else:
-            stored = found if layout is None else layout.looked_up(found, ids)
-            same = {wanted[d["_id"]] for d in stored if d["_id"] in wanted
-                    and (derived or same_entry(d, docs[wanted[d["_id"]]]))}
+            same = {p for p, ours in found.items() if derived or ours}
             if racy:
-                absent = set(check) - {wanted[d["_id"]] for d in stored if d["_id"] in wanted}
+                absent = set(check) - set(found)
     again: list[int] = []
     for p in duplicate:
         if p in same:
@@ -281,10 +278,11 @@ def _sort_duplicates(
         elif p in absent:
             again.append(p)
         elif p in given:
-            failed[p] = ItemRefused(cluster, 11000, f"_id {docs[p]['_id']} already holds another item")
+            failed[p] = ItemRefused(cluster, 11000, f"_id {writer.id_at(batch, p)} already holds another item")
         else:
-            old: ObjectId = docs[p]["_id"]
-            docs[p]["_id"] = renamed[p] = make_ids([int.from_bytes(old.binary[:4], "big")])[0]
+            old: ObjectId = writer.id_at(batch, p)
+            renamed[p] = make_ids([int.from_bytes(old.binary[:4], "big")])[0]
+            docs[p] = writer.renamed(batch, p, renamed[p])
             again.append(p)
     if again:
         log.debug("cluster %s: %d duplicates not stored (%d given fresh ids); sending them again", cluster, len(again),
@@ -293,7 +291,7 @@ def _sort_duplicates(
 
 
 def _cluster_program(
-    cluster: str, indexes: list[int], docs: list[Entry], given: frozenset[int], settings: WriteSettings,
+    cluster: str, indexes: list[int], copies: ItemBatch, given: frozenset[int], settings: WriteSettings,
     deadline: float, layout: Layout,
 ) -> Program[tuple[dict[int, RouterError], dict[int, ObjectId]]]:
     """One cluster's share of a write, in batches; after a cluster failure the rest is reported, not sent."""
@@ -303,9 +301,9 @@ def _cluster_program(
     for start in range(0, len(indexes), size):
         chunk = indexes[start : start + size]
         mine = frozenset(pos for pos, i in enumerate(chunk) if i in given) if given else frozenset()
+        part = ItemBatch(copies.items[start : start + size], copies.ids[start : start + size])
         result = yield from insert_program(
-            cluster, "feed", docs[start : start + size], policy=settings.policy, deadline=deadline,
-            duplicates="check", given=mine, layout=layout,
+            cluster, layout, part, policy=settings.policy, deadline=deadline, duplicates="check", given=mine,
         )
         failed.update((chunk[pos], error) for pos, error in result.failed.items())
         renamed.update((chunk[pos], oid) for pos, oid in result.renamed.items())
@@ -316,20 +314,20 @@ def _cluster_program(
 
 
 def _register_program(
-    cluster: str, indexes: list[int], docs: list[Entry], settings: WriteSettings, deadline: float,
+    cluster: str, indexes: list[int], items: Sequence[FeedItem], settings: WriteSettings, deadline: float,
 ) -> Program[dict[int, RouterError]]:
     """Register one cluster's share of a write in its posts registry (:mod:`router.core.layouts.posts`), a batch per
     ``batch_size`` distinct posts; return the items whose post could not be registered, with the error."""
-    registered, owners = posts.of_copies(indexes, docs)
+    registered, owners = posts.of_items(indexes, items)
     failed: dict[int, RouterError] = {}
     size = settings.batch_size
     for start in range(0, len(registered), size):
         chunk = registered[start : start + size]
-        result = yield from insert_program(cluster, posts.POSTS, chunk, policy=settings.policy, deadline=deadline,
+        result = yield from insert_program(cluster, posts.REGISTRY, chunk, policy=settings.policy, deadline=deadline,
                                            duplicates="present")
-        failed.update((i, error) for pos, error in result.failed.items() for i in owners[chunk[pos]["_id"]])
+        failed.update((i, error) for pos, error in result.failed.items() for i in owners[chunk[pos].id])
         if result.stopped is not None:
-            failed.update((i, result.stopped.error) for post in registered[start + size :] for i in owners[post["_id"]])
+            failed.update((i, result.stopped.error) for post in registered[start + size :] for i in owners[post.id])
             break
     return failed
 
@@ -350,18 +348,21 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
     def where(past: PastHorizon) -> tuple[datetime, str]:
         return items[past.index or 0].event_time, f"items[{past.index}].event_time" if indexed else "event_time"
 
-    prepared = yield from routed(lambda r: prepare(items, r, indexed=indexed), routing, where=where)
+    # The map the items were routed by (refreshed, past the horizon) also says each period's layout: a new period's
+    # copies are stored in its own layout, not in the one an older map gave a cluster it did not know.
+    prepared, routing = yield from routed(lambda r: (prepare(items, r, indexed=indexed), r), routing, where=where)
     deadline = deadline_in(settings.timeout)  # after any refresh, which has a deadline of its own
     ids = prepared.ids
     if not prepared.batches:
         return ids
     names = list(prepared.batches)
     programs: list[Program[Any]] = [
-        _cluster_program(name, idx, docs, prepared.given, settings, deadline, layout_for(routing.timemap, name))
-        for name, (idx, docs) in prepared.batches.items()
+        _cluster_program(name, idx, copies, prepared.given, settings, deadline, layout_for(routing.timemap, name))
+        for name, (idx, copies) in prepared.batches.items()
     ]
     if settings.register:  # each cluster's posts registered by sender, at the same time as its copies are stored
-        programs += [_register_program(name, idx, docs, settings, deadline) for name, (idx, docs) in prepared.batches.items()]
+        programs += [_register_program(name, idx, copies.items, settings, deadline)
+                     for name, (idx, copies) in prepared.batches.items()]
     outcomes = yield Concurrently(programs, names + names if settings.register else names)
     unregistered = outcomes[len(names):]
     failed: dict[int, RouterError] = {}

@@ -83,11 +83,11 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.checkpoint import announce_batch, drop_checkpoint, finish_checkpoint, open_checkpoint
+from ..core.checkpoint import drop_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
-from ..core.checkpoint import start_job
 from ..core.fence import NEVER, FenceMemo
+from ..core.runs import NEXT_BATCH, Send, Step, drive, run_loop
 from ..core.settings import Settings
 from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity
@@ -99,10 +99,9 @@ from .celery_plan import (
     INACTIVE_QUEUE,
     Part,
     Published,
+    PublishRun,
     check_json_data,
     inactive_job_id,
-    plan_parts,
-    sendable,
 )
 
 if TYPE_CHECKING:
@@ -402,53 +401,37 @@ def publish_fan_out(
     :class:`~router.errors.ItemDeleted` (the post was deleted) before anything is sent; :class:`BrokerUnavailable`, or what *receivers* or *active* raised,
     while sending (the checkpoint then says ``failed``; publish again to finish).
     """
-    started = time.monotonic()
     job = router.plan_fan_out(activity, batch_size=batch_size, job_id=job_id)
     check_json_data(job.activity.data)
     predicate = active_filter(active)
     stream = receiver_stream(receivers)
     side = attrs.evolve(job, job_id=inactive_job_id(job.job_id)) if include_inactive and predicate is not None else None
-    jobs = [job] if side is None else [job, side]
-    timeout = router.settings.timeout
-    done, _ = router.clusters.run(start_job(job, timeout=timeout, pseudonyms=router.settings.pseudonyms,
-                                            policy=router.settings.write.policy))  # ItemDeleted, SenderErased
-    side_done = router.clusters.run(open_checkpoint(side, timeout=timeout)) if side is not None else set()
-    payloads = [j.to_json() for j in jobs]
+    run = PublishRun([job] if side is None else [job, side], active=predicate, timeout=router.settings.timeout,
+                     pseudonyms=router.settings.pseudonyms, policy=router.settings.write.policy)
+    router.clusters.run(run.open())  # ItemDeleted for a deleted post, SenderErased for an erased sender's
+    payloads = [j.to_json() for j in run.jobs]
     log.info("fan-out %r: publishing to cluster %r in batches of %d%s; %d batches done earlier", job.job_id, job.cluster,
-             job.batch_size, f", inactive receivers as {side.job_id!r}" if side else "", len(done) + len(side_done),
-             extra=job.log_extra)
-    total = sent = resumed = read = 0
+             job.batch_size, f", inactive receivers as {side.job_id!r}" if side else "",
+             len(run.done) + len(run.side_done), extra=job.log_extra)
+    planned = batches(stream, job.batch_size)
     try:
         with app.producer_or_acquire() as producer:
-            for number, first, chunk in batches(stream, job.batch_size):
-                total, read = number + 1, read + len(chunk)
-                parts = plan_parts(sendable(chunk, first), active=predicate, done=number in done,
-                                   inactive_done=(number in side_done) if side is not None else None)
-                resumed += len(jobs) - len(parts)
-                if parts:  # recorded as sent before it is: workers admit only the batches a publisher recorded
-                    router.clusters.run(announce_batch([jobs[1] if p.inactive else jobs[0] for p in parts], number,
-                                                       timeout=timeout))
-                for part in parts:
-                    _send(app, payloads[1] if part.inactive else payloads[0], number, first, part, producer)
-                    sent += 1
-    except BaseException as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        for j in jobs:
-            router.clusters.run(finish_checkpoint(j, status="failed", total=None, error=text[:1000], timeout=timeout))
-        log.error("fan-out %r: publishing stopped after %d batches (%d tasks sent): %s", job.job_id, total, sent, text,
-                  extra=job.log_extra)
-        raise
-    for j in jobs:
-        error = router.clusters.run(finish_checkpoint(j, status="published", total=total, error=None, timeout=timeout))
-        if error is not None:  # the tasks are out; only the status lacks its total until published again
-            log.warning("fan-out %r: %d batches published, but the total was not recorded: %s", j.job_id, total, error,
-                        extra=j.log_extra)
-    published = Published(job_id=job.job_id, cluster=job.cluster, inactive_job_id=side.job_id if side else None,
-                          batches_total=total, tasks_sent=sent, batches_resumed=resumed, receivers=read,
-                          elapsed_seconds=time.monotonic() - started)
-    log.info("fan-out %r: published %d tasks for %d receivers in %.1f s (%d batches done earlier)", job.job_id, sent, read,
-             published.elapsed_seconds, resumed, extra=job.log_extra)
-    return published
+
+            def do(step: Step) -> Any:  # the core's run loop, sending each batch's tasks at once (no slots to wait for)
+                if step == NEXT_BATCH:
+                    return next(planned, None)
+                if isinstance(step, Send):
+                    number, first, parts = step.batch
+                    router.clusters.run(run.announce(number, parts))  # recorded as sent before it is
+                    for part in parts:
+                        _send(app, payloads[1] if part.inactive else payloads[0], number, first, part, producer)
+                        run.sent += 1
+                return None
+
+            drive(run_loop(run), do)
+    except BaseException as exc:  # no producer (the broker is down), or the caller interrupted taking one
+        run.stop(exc, raised=True)
+    return router.clusters.run(run.finish())
 
 
 def _send(app: Celery, payload: dict[str, Any], number: int, first: int, part: Part, producer: Any) -> None:

@@ -27,12 +27,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from ..core.checkpoint import announce_batch, finish_checkpoint, open_checkpoint, start_job
 from ..core.checks import receiver_problem
+from ..core.jobs import FanOutJob
+from ..core.policy import RetryPolicy
+from ..core.pseudonyms import Pseudonyms
+from ..core.runs import SKIP
+from ..core.steps import Program
 from ..errors import InvalidItem
 
 __all__ = [
@@ -40,6 +47,7 @@ __all__ = [
     "INACTIVE_QUEUE",
     "INACTIVE_SUFFIX",
     "Part",
+    "PublishRun",
     "Published",
     "check_json_data",
     "inactive_job_id",
@@ -185,3 +193,86 @@ class Published:
     def job_ids(self) -> tuple[str, ...]:
         """Every job this publishing fed: the job, then its inactive job if any."""
         return (self.job_id,) if self.inactive_job_id is None else (self.job_id, self.inactive_job_id)
+
+
+class PublishRun:
+    """One publishing of a job to Celery, as the core's run loop (:func:`~router.core.runs.run_loop`) sees it.
+
+    What a batch's tasks are (:func:`plan_parts`), what is opened, announced and recorded in
+    the checkpoints, and how the publishing ends are here; the publisher only sends. It
+    never stops early but for an error, which it records as ``failed`` and raises again.
+    """
+
+    def __init__(self, jobs: Sequence[FanOutJob], *, active: Callable[[Any], bool] | None, timeout: float,
+                 pseudonyms: Pseudonyms | None = None, policy: RetryPolicy = RetryPolicy()) -> None:
+        self.jobs = list(jobs)
+        self.active = active
+        self.timeout = timeout
+        #: What the start reads erasure records with (the router's), and the retries of its registry insert.
+        self.pseudonyms = pseudonyms
+        self.policy = policy
+        self.started = time.monotonic()
+        self.stopping = False
+        self.raised: BaseException | None = None
+        self.done: set[int] = set()
+        self.side_done: set[int] = set()
+        self.total = self.sent = self.resumed = self.read = 0
+
+    @property
+    def split(self) -> bool:
+        """Whether inactive receivers go to a job of their own."""
+        return len(self.jobs) > 1
+
+    def open(self) -> Program[None]:
+        """Open the checkpoints (refusing a deleted post, :class:`~router.errors.ItemDeleted`, and an erased sender's,
+        :class:`~router.errors.SenderErased`), learn what is done."""
+        self.done, _ = yield from start_job(self.jobs[0], timeout=self.timeout, pseudonyms=self.pseudonyms,
+                                            policy=self.policy)
+        if self.split:
+            self.side_done = yield from open_checkpoint(self.jobs[1], timeout=self.timeout)
+
+    def admit(self, number: int, first: int, chunk: list[Any]) -> Any:
+        """The parts of stream batch *number* to send as ``(number, first, parts)``, or :data:`SKIP` when every part is
+        recorded done."""
+        self.total, self.read = number + 1, self.read + len(chunk)
+        parts = plan_parts(sendable(chunk, first), active=self.active, done=number in self.done,
+                           inactive_done=(number in self.side_done) if self.split else None)
+        self.resumed += len(self.jobs) - len(parts)
+        return (number, first, parts) if parts else SKIP
+
+    def announce(self, number: int, parts: Sequence[Part]) -> Program[None]:
+        """Record batch *number* of each part's job as sent, before it is (workers admit only those)."""
+        yield from announce_batch([self.jobs[1] if p.inactive else self.jobs[0] for p in parts], number,
+                                  timeout=self.timeout)
+
+    def exhausted(self) -> None:
+        """Every receiver was read."""
+
+    def stop(self, trouble: BaseException, *, raised: bool) -> None:
+        """An error stopped the publishing (the receivers, *active*, the broker, the interrupted caller)."""
+        self.raised = self.raised or trouble
+        self.stopping = True
+
+    def finish(self) -> Program[Published]:
+        """Record how the publishing ended in each checkpoint: ``published`` with the batch count, or ``failed`` with
+        the error, which is then raised again."""
+        job = self.jobs[0]
+        if self.raised is not None:
+            text = f"{type(self.raised).__name__}: {self.raised}"
+            for j in self.jobs:
+                yield from finish_checkpoint(j, status="failed", total=None, error=text[:1000], timeout=self.timeout)
+            log.error("fan-out %r: publishing stopped after %d batches (%d tasks sent): %s", job.job_id, self.total,
+                      self.sent, text, extra=job.log_extra)
+            raise self.raised
+        for j in self.jobs:
+            error = yield from finish_checkpoint(j, status="published", total=self.total, error=None, timeout=self.timeout)
+            if error is not None:  # the tasks are out; only the status lacks its total until published again
+                log.warning("fan-out %r: %d batches published, but the total was not recorded: %s", j.job_id, self.total,
+                            error, extra=j.log_extra)
+        published = Published(job_id=job.job_id, cluster=job.cluster,
+                              inactive_job_id=self.jobs[1].job_id if self.split else None, batches_total=self.total,
+                              tasks_sent=self.sent, batches_resumed=self.resumed, receivers=self.read,
+                              elapsed_seconds=time.monotonic() - self.started)
+        log.info("fan-out %r: published %d tasks for %d receivers in %.1f s (%d batches done earlier)", job.job_id,
+                 self.sent, self.read, published.elapsed_seconds, self.resumed, extra=job.log_extra)
+        return published

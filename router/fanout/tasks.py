@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import Any
 
 from ..core.fanout import FanOutJob, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
+from ..core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, run_loop
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
@@ -70,6 +71,22 @@ async def abatches(receivers: Receivers, size: int) -> AsyncIterator[tuple[int, 
         position += len(chunk)
 
 
+async def adrive(loop: Generator[Step, Any, None], do: Callable[[Step], Awaitable[Any]]) -> None:
+    """:func:`router.core.runs.drive` on asyncio: each step done by awaiting *do*."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = loop.throw(error) if error is not None else loop.send(reply)
+        except StopIteration:
+            return
+        error = reply = None
+        try:
+            reply = await do(step)
+        except BaseException as exc:  # (the caller cancelled: thrown in, the loop stops the run with it)
+            error = exc
+
+
 class AsyncFanOutRun(RunState):
     """One run of a fan-out job on asyncio (its state is a :class:`~router.core.tally.RunState`)."""
 
@@ -86,44 +103,35 @@ class AsyncFanOutRun(RunState):
         if self.cancelled:
             return await self.clusters.run(self.finish(opened=False))
         planned = abatches(receivers, self.job.batch_size)
-        done = await self.clusters.run(self.open())
+        await self.clusters.run(self.open())
         self.clusters.record(Event("fanout_jobs", 1))
         try:
-            return await self._run_batches(planned, done)
+            return await self._run_batches(planned)
         finally:
             self.clusters.record(Event("fanout_jobs", -1))
 
-    async def _run_batches(self, planned: AsyncIterator[tuple[int, int, list[Any]]], done: set[int]) -> FanOutResult:
-        job = self.job
-        data = job.encoded_data()
+    async def _run_batches(self, planned: AsyncIterator[tuple[int, int, list[Any]]]) -> FanOutResult:
+        """The core's run loop (:func:`~router.core.runs.run_loop`), waiting on an asyncio semaphore, sending as tasks."""
+        data = self.job.encoded_data()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                await slots.acquire()  # a free slot first, then read the next batch
-                if self.stopping:
-                    slots.release()
-                    break
-                try:
-                    number, first, chunk = await planned.__anext__()
-                except StopAsyncIteration:
-                    slots.release()
-                    self.exhausted()
-                    break
-                except BaseException:
-                    slots.release()
-                    raise
-                step = self.admit(number, chunk, done)
-                if step != "send":
-                    slots.release()
-                    if step == "stop":
-                        break
-                    continue
+
+        async def do(step: Step) -> Any:
+            if step == FREE_SLOT:
+                await slots.acquire()
+            elif step == RELEASE:
+                slots.release()
+            elif step == NEXT_BATCH:
+                return await anext(planned, None)
+            elif isinstance(step, Send):
+                number, first, chunk = step.batch
                 task = asyncio.create_task(self._send(slots, number, first, chunk, data))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-        except BaseException as exc:  # the receivers raised, or the caller was cancelled
-            self.stop(exc, raised=True)
+            return None
+
+        try:
+            await adrive(run_loop(self), do)
         finally:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)

@@ -26,6 +26,7 @@ from typing import Any
 from ..core.fanout import FanOutJob, batches, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
+from ..core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
@@ -53,43 +54,34 @@ class FanOutRun(RunState):
         if self.cancelled:  # cancelled while queued: nothing read, nothing touched
             return self.clusters.run(self.finish(opened=False))
         stream = receiver_stream(receivers)
-        done = self.clusters.run(self.open())
+        self.clusters.run(self.open())
         self.clusters.record(Event("fanout_jobs", 1))
         try:
-            return self._run_batches(stream, done)
+            return self._run_batches(stream)
         finally:
             self.clusters.record(Event("fanout_jobs", -1))
 
-    def _run_batches(self, stream: Iterator[Any], done: set[int]) -> FanOutResult:
-        job = self.job
-        data = job.encoded_data()
+    def _run_batches(self, stream: Iterator[Any]) -> FanOutResult:
+        """The core's run loop (:func:`~router.core.runs.run_loop`), waiting on a semaphore, sending on a pool."""
+        data = self.job.encoded_data()
         slots = threading.BoundedSemaphore(self.concurrency)
         pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="feed-router-fanout-batch")
-        planned = batches(stream, job.batch_size)
-        try:
-            while True:
-                slots.acquire()  # a free slot first, then read the next batch: at most `concurrency` in memory
-                if self.stopping:
-                    slots.release()
-                    break
-                try:
-                    number, first, chunk = next(planned)
-                except StopIteration:
-                    slots.release()
-                    self.exhausted()
-                    break
-                except BaseException:
-                    slots.release()
-                    raise
-                step = self.admit(number, chunk, done)
-                if step != "send":
-                    slots.release()
-                    if step == "stop":
-                        break
-                    continue
+        planned = batches(stream, self.job.batch_size)
+
+        def do(step: Step) -> Any:
+            if step == FREE_SLOT:
+                slots.acquire()
+            elif step == RELEASE:
+                slots.release()
+            elif step == NEXT_BATCH:
+                return next(planned, None)
+            elif isinstance(step, Send):
+                number, first, chunk = step.batch
                 pool.submit(contextvars.copy_context().run, self._send, slots, number, first, chunk, data)  # spans nest
-        except BaseException as exc:  # the receiver stream raised, or the caller was interrupted
-            self.stop(exc, raised=True)
+            return None
+
+        try:
+            drive(run_loop(self), do)
         finally:
             pool.shutdown(wait=True)
         return self.clusters.run(self.finish(opened=True))

@@ -4,10 +4,22 @@ Three local servers (mongod if on PATH, else FerretDB; ``$FEED_TEST_BACKEND`` ch
 ``javaserver``) are started once per test session by :mod:`harness.localservers`;
 every test gets its own database name on them, dropped afterwards. Nothing here skips: no
 server means the tests error, and a test marked for what the servers lack fails.
+
+**One contract suite over every layout.** The storage contract files (marked ``contract``
+at module level) run once per layout of :data:`router.core.layouts.LAYOUTS` the session's
+servers can hold (``buckets`` needs atomic updates of one document: not FerretDB 1), on
+both doors: the ``layout`` fixture gives every period :func:`register` makes that layout,
+as APScheduler's ``tests/test_jobstores.py`` runs one suite over every job store. A new
+layout is one more row of that table. A contract test about one layout's documents says so
+with ``@pytest.mark.layouts("copies", reason=...)``; tests outside the contract files get
+the default layout. A test a server cannot run in one layout says so with
+``@pytest.mark.unheld(backend, layout, reason=...)`` (:data:`MANY_COPIES`): that case is not
+made on that server, never skipped.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
@@ -17,10 +29,13 @@ import pytest
 from pymongo import MongoClient
 
 from router import AsyncFeedRouter, ClusterConfig, ClusterMeta, FeedRouter, ReadWindow, RouterConfig
+from router.admin.indexes import create_feed_indexes
 from router.admin.migrate import discover, migrate_cluster
 from router.config import RolloverConfig
+from router.core.layouts import DEFAULT, LAYOUTS
 from router.storage.clusters import Cluster
 from harness import javaserver
+from harness.clusters import ALIASES, BACKEND_ENV
 from harness.localservers import LocalClusters
 
 from ..conftest import SERVED_BY
@@ -57,6 +72,47 @@ def ferretdb1(servers: LocalClusters) -> Iterator[LocalClusters]:
         return
     with LocalClusters(3, names=list(NAMES), backend="ferretdb-sqlite") as local:
         yield local
+
+
+def backend() -> str:
+    """The session's backend, as ``$FEED_TEST_BACKEND`` names it (aliases resolved; ``auto`` as it is)."""
+    name = os.environ.get(BACKEND_ENV) or "auto"
+    return ALIASES.get(name, name)
+
+
+def held_layouts() -> tuple[str, ...]:
+    """The layouts the session's servers can hold: every one, but buckets (atomic updates) not on FerretDB 1."""
+    atomic = backend() not in FERRETDB1
+    return tuple(name for name, layout in LAYOUTS.items() if atomic or not layout.needs_atomic_updates)
+
+
+#: A contract test of tens of thousands of copies in one period: mongo-java-server answers a buckets append's find of
+#: a bucket with room by scanning (it ignores secondary indexes), so there such a fan-out takes minutes, past the
+#: calls' timeouts. It runs in every layout elsewhere, and in the other layouts there.
+MANY_COPIES = pytest.mark.unheld("javaserver", "buckets", reason="mongo-java-server scans every bucket for each append")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test of a ``contract`` file that uses ``layout`` (through ``router``, ``make_router`` or ``register``) runs
+    once per layout the servers hold, or per layout its ``layouts`` marker names."""
+    if "layout" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("contract") is None:
+        return
+    names = held_layouts()
+    only = metafunc.definition.get_closest_marker("layouts")
+    if only is not None:
+        assert only.kwargs.get("reason"), f"{metafunc.definition.nodeid}: @pytest.mark.layouts needs a reason"
+        names = tuple(n for n in names if n in only.args)
+    for unheld in metafunc.definition.iter_markers("unheld"):
+        assert unheld.kwargs.get("reason"), f"{metafunc.definition.nodeid}: @pytest.mark.unheld needs a reason"
+        server, layout = unheld.args
+        names = tuple(n for n in names if not (n == layout and backend() == server))
+    metafunc.parametrize("layout", names, indirect=True)
+
+
+@pytest.fixture
+def layout(request: pytest.FixtureRequest) -> str:
+    """The layout of every period this test's routers see (see the module's docstring)."""
+    return str(getattr(request, "param", DEFAULT))
 
 
 @pytest.fixture(autouse=True)
@@ -124,15 +180,17 @@ def make_config(servers: LocalClusters, db_name: str) -> Callable[..., RouterCon
 MIGRATIONS = discover()
 
 
-def register(config: RouterConfig, periods: Sequence[tuple[datetime, datetime | None]] = PERIODS) -> None:
-    """Migrate each cluster and write its metadata document directly (periods may be deliberately invalid)."""
+def register(config: RouterConfig, periods: Sequence[tuple[datetime, datetime | None]] = PERIODS, *,
+             layout: str = DEFAULT) -> None:
+    """Migrate each cluster, write its metadata document directly (periods may be deliberately invalid) with
+    *layout*, and create that layout's feed indexes, as adding a period does."""
     for spec, (start, end) in zip(config.clusters, periods):
         cluster = Cluster(spec, config)
         try:
             migrate_cluster(cluster, config, MIGRATIONS)
-            cluster.write_meta(
-                ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="tests", created_at=start)
-            )
+            cluster.write_meta(ClusterMeta(name=spec.name, start_date=start, end_date=end, creator_name="tests",
+                                           created_at=start, layout=layout))
+            create_feed_indexes(cluster, LAYOUTS[layout])
         finally:
             cluster.close()
 
@@ -171,14 +229,16 @@ def open_router(door: str, event_loop_thread: LoopThread) -> Iterator[Callable[.
 
 
 @pytest.fixture
-def make_router(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any]) -> Callable[..., FeedRouter]:
-    """Register the three periods and open a router on them through this test's door (closed afterwards)."""
+def make_router(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
+                layout: str) -> Callable[..., FeedRouter]:
+    """Register the three periods in this test's layout and open a router on them through this test's door (closed
+    afterwards)."""
 
     def make(
         *, clock: Callable[[], datetime] = lambda: NOW, refresh: bool = True, fanout_workers: int = 2, **kwargs: Any
     ) -> FeedRouter:
         config = make_config(**kwargs)
-        register(config)
+        register(config, layout=layout)
         router: FeedRouter = open_router(config, clock=clock, refresh=refresh, fanout_workers=fanout_workers)
         return router
 
@@ -192,10 +252,10 @@ def router(make_router: Callable[..., FeedRouter]) -> FeedRouter:
 
 
 @pytest.fixture
-def sync_router(make_config: Callable[..., RouterConfig]) -> Iterator[FeedRouter]:
-    """A FeedRouter (sync door only), for tests of its own threads and internals."""
+def sync_router(make_config: Callable[..., RouterConfig], layout: str) -> Iterator[FeedRouter]:
+    """A FeedRouter (sync door only, periods in this test's layout), for tests of its own threads and internals."""
     config = make_config()
-    register(config)
+    register(config, layout=layout)
     with FeedRouter(config, clock=lambda: NOW) as router:
         yield router
 

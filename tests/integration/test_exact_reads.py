@@ -28,6 +28,9 @@ from router.storage.clusters import Clusters
 from .conftest import NOW, P1, P2, register
 from .doors import LoopThread
 
+#: A storage contract file, on the copies layout alone: its churn updates copies documents directly.
+pytestmark = [pytest.mark.contract, pytest.mark.layouts("copies", reason="the churn updates copies documents directly")]
+
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
 

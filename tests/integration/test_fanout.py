@@ -38,8 +38,12 @@ from router.core.fanout import FANOUTS_COLLECTION
 from router.ids import copy_id
 from harness.localservers import LocalClusters
 
-from .conftest import NAMES, NOW, P0, P1, register
+from . import stored
+from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, register
 from .fanout_child import ACTIVITY
+
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
 
 UTC = timezone.utc
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,13 +63,12 @@ def people(count: int, start: int = 0) -> Iterator[int]:
 
 
 def counts(clients: Clients, db: str) -> dict[str, int]:
-    return {name: c[db].feed.count_documents({}) for name, c in clients.items()}
+    return {name: stored.count(c[db]) for name, c in clients.items()}
 
 
 def receivers_stored(clients: Clients, db: str, cluster: str = OWNER) -> list[Any]:
     """Every stored receiver_id in *cluster*, read with pymongo (duplicates kept)."""
-    feed = clients[cluster][db].feed
-    return [d["receiver_id"] for d in feed.find({}, {"receiver_id": 1, "_id": 0}, batch_size=10_000)]
+    return [d.receiver_id for d in stored.copies(clients[cluster][db])]
 
 
 def checkpoint(clients: Clients, db: str, job_id: str, cluster: str = OWNER) -> dict[str, Any] | None:
@@ -83,6 +86,7 @@ def assert_accounted(result: FanOutResult, total: int) -> None:
     assert result.written + result.already_present + result.skipped + result.failed + result.resumed == total
 
 
+@MANY_COPIES
 def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A generator of 200k receivers: exactly 200k documents, all in the cluster owning event_time."""
     n = 200_000
@@ -102,17 +106,21 @@ def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRoute
     assert (status.state, status.batches_done, status.batches_total, status.written) == ("done", n // 1000, n // 1000, n)
 
 
-def test_copies_are_feed_documents_with_deterministic_ids(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
-    """Each copy is a normal feed document: the router reads it, and its _id is copy_id(...)."""
+def test_copies_are_feed_documents_with_deterministic_ids(router: FeedRouter, raw_clients: Clients, db_name: str,
+                                                          layout: str) -> None:
+    """Each copy is stored as its layout stores a copy (a copies period: exactly the copy's fields): the router reads
+    it, and its id is copy_id(...)."""
     act = activity(5)
     router.fan_out(act, [7, "7", 8])
-    doc = raw_clients[OWNER][db_name].feed.find_one({"receiver_id": "7"})
+    if layout == "copies":
+        raw = raw_clients[OWNER][db_name].feed.find_one({"receiver_id": "7"})
+        assert raw is not None and list(raw) == ["_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data"]
+    doc = stored.one(raw_clients[OWNER][db_name], receiver_id="7")
     assert doc is not None
-    assert list(doc) == ["_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data"]
-    assert doc["_id"] == copy_id(int(WHEN.timestamp()), act.data_key, "7")
-    assert doc["_id"].generation_time == WHEN.replace(microsecond=0)
-    assert doc["event_time"] == WHEN.replace(microsecond=WHEN.microsecond // 1000 * 1000)
-    assert doc["data"] == {"fabula_id": 5}
+    assert doc.id == copy_id(int(WHEN.timestamp()), act.data_key, "7")
+    assert doc.id.generation_time == WHEN.replace(microsecond=0)
+    assert doc.event_time == WHEN.replace(microsecond=WHEN.microsecond // 1000 * 1000)
+    assert doc.data == {"fabula_id": 5}
     page = router.read(7, limit=10)
     assert [(i.receiver_id, i.data_key, i.sender_id) for i in page.items] == [(7, act.data_key, 1000765)]
 
@@ -126,6 +134,7 @@ def test_no_owning_cluster_writes_nothing(router: FeedRouter, raw_clients: Clien
     assert all(c[db_name][FANOUTS_COLLECTION].count_documents({}) == 0 for c in raw_clients.values())
 
 
+@MANY_COPIES
 def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
     """A real process fanning out to 100k is SIGKILLed halfway; the re-run ends with exactly one copy per receiver."""
     n, batch = 100_000, 1000
@@ -149,7 +158,7 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
         child.kill()
         child.communicate()
     assert child.returncode == -signal.SIGKILL
-    before = raw_clients[OWNER][db_name].feed.count_documents({})
+    before = stored.count(raw_clients[OWNER][db_name])
     assert 5 * batch <= before < n, "the kill did not land halfway"
     doc = checkpoint(raw_clients, db_name, job_id)
     assert doc is not None and doc["status"] == "running"
@@ -162,11 +171,12 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
     # The server may finish the dead client's last insert_many after the kill, so `before` is a
     # lower bound: those copies are not in the checkpoint and come back as already_present.
     assert result.written <= n - before
-    stored = receivers_stored(raw_clients, db_name)
-    assert len(stored) == n and len(set(stored)) == n and set(stored) == set(range(1_000_000, 1_000_000 + n))
+    kept = receivers_stored(raw_clients, db_name)
+    assert len(kept) == n and len(set(kept)) == n and set(kept) == set(range(1_000_000, 1_000_000 + n))
     assert checkpoint(raw_clients, db_name, job_id)["status"] == "done"  # type: ignore[index]
 
 
+@MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
     """The same fan-out run twice at once (two threads): every copy stored once, acknowledged once."""
@@ -196,8 +206,8 @@ def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients
     assert sum(r.written for r in results) == n  # each copy acknowledged as written to exactly one run
     if not same_job:
         assert sum(r.already_present for r in results) == n  # ...and found present by the other
-    stored = receivers_stored(raw_clients, db_name)
-    assert len(stored) == n and len(set(stored)) == n
+    kept = receivers_stored(raw_clients, db_name)
+    assert len(kept) == n and len(set(kept)) == n
 
 
 @pytest.mark.parametrize("kind", ["set", "predicate"])
@@ -207,8 +217,8 @@ def test_inactive_receivers_get_nothing(router: FeedRouter, raw_clients: Clients
     active: Any = frozenset(range(0, n, 2)) if kind == "set" else (lambda r: r % 2 == 0)
     result = router.fan_out(activity(), people(n), active=active)
     assert (result.written, result.skipped, result.failed) == (n // 2, n // 2, 0)
-    stored = receivers_stored(raw_clients, db_name)
-    assert len(stored) == n // 2 and all(r % 2 == 0 for r in stored)
+    kept = receivers_stored(raw_clients, db_name)
+    assert len(kept) == n // 2 and all(r % 2 == 0 for r in kept)
     # A resume with more receivers marked inactive skips nothing it already did, and removes nothing.
     again = router.fan_out(activity(), people(n), active=frozenset())
     assert again.resumed == n and again.batches == 0
@@ -241,6 +251,7 @@ def test_resume_with_another_batch_size_is_refused(router: FeedRouter) -> None:
         router.fan_out(activity(2), people(10), job_id="shared")
 
 
+@MANY_COPIES
 def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A background job shows its progress growing while it runs, then completes.
 
@@ -276,7 +287,7 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
     assert result.ok and result.written == n and handle.done()
     assert handle.progress.written == n and handle.progress.batches == result.batches == n // 1000
     assert executor.pending == ()
-    assert raw_clients[OWNER][db_name].feed.count_documents({}) == n
+    assert stored.count(raw_clients[OWNER][db_name]) == n
     assert checkpoint(raw_clients, db_name, handle.job_id)["status"] == "done"  # type: ignore[index]
 
 
@@ -338,13 +349,14 @@ def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRo
 
 @pytest.mark.needs_durable_server  # the resume reads the checkpoint written before the restart
 def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
-    make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any]
+    make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any],
+    layout: str,
 ) -> None:
     """The owning cluster dies mid-run: the handle reports the failed receivers; after a restart the resume completes."""
     n, kill_at, batch = 60_000, 20_000, 1000
     with LocalClusters(1, names=["spare"]) as spare:
         config = make_config(uris=[servers.uris[0], spare.uris[0], servers.uris[2]], serverSelectionTimeoutMS=500)
-        register(config)
+        register(config, layout=layout)
 
         def receivers() -> Iterator[int]:
             for i in range(n):
@@ -379,14 +391,15 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
             assert_accounted(resumed, n)
         client: MongoClient[dict[str, Any]] = MongoClient(spare.uris[0])
         try:
-            stored = [d["receiver_id"] for d in client[db_name].feed.find({}, {"receiver_id": 1, "_id": 0}, batch_size=10_000)]
-            assert len(stored) == n and set(stored) == set(range(n))
-            assert set(failed.failed_receivers) <= set(stored)
+            kept = [d.receiver_id for d in stored.copies(client[db_name])]
+            assert len(kept) == n and set(kept) == set(range(n))
+            assert set(failed.failed_receivers) <= set(kept)
             assert client[db_name][FANOUTS_COLLECTION].find_one({"_id": resumed.job_id})["status"] == "done"  # type: ignore[index]
         finally:
             client.close()
 
 
+@MANY_COPIES
 def test_delete_removes_every_copy_of_a_fan_out(
     router: FeedRouter, raw_clients: Clients, db_name: str, door: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -403,7 +416,7 @@ def test_delete_removes_every_copy_of_a_fan_out(
     other = router.fan_out(activity(10), people(100))
     result = router.fan_out(act, people(n))
     assert result.written == n and other.written == 100
-    with caplog.at_level(logging.INFO, logger="router.core.layouts.copies"):  # the copies layout logs its steps
+    with caplog.at_level(logging.INFO, logger="router.core.layouts.queries"):  # every layout's edits log their steps
         assert router.delete(act.data_key) == n
     assert "cluster cluster_2: delete " in caplog.text and "in steps of about 10000" in caplog.text
     assert counts(raw_clients, db_name) == {"cluster_1": 0, "cluster_2": 100, "cluster_3": 0}
@@ -433,10 +446,10 @@ def test_router_fan_out_background_and_horizon(make_router: Callable[..., FeedRo
     handle = router.fan_out(activity(), people(5000), background=True)
     result = handle.result(timeout=120)
     assert result.written == 5000 and handle.done()
-    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 5000
+    assert stored.count(raw_clients["cluster_2"][db_name]) == 5000
 
     router = make_router(refresh=False, rollover=RolloverConfig(lead_time=timedelta(days=7)))
     far = Activity(sender_id=1, event_time=NOW + timedelta(days=30), type=1, data={}, data_key=data_key("f", 99))
     with pytest.raises(StaleMetadata, match="event_time: .* the time map's horizon"):
         router.fan_out(far, people(10))
-    assert raw_clients["cluster_3"][db_name].feed.count_documents({"data_key": data_key("f", 99)}) == 0
+    assert stored.count(raw_clients["cluster_3"][db_name], data_key=data_key("f", 99)) == 0

@@ -32,6 +32,9 @@ from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2, register
 
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
+
 REPO = Path(__file__).resolve().parents[2]
 _ids = itertools.count(1_000_000)
 
@@ -79,13 +82,14 @@ def test_marker_moves_forward_only_and_survives_period_boundaries(router: FeedRo
     assert (router.unseen_count(r).count, router.unseen_count(r).capped) == (1, False)
 
 
+@pytest.mark.layouts("copies", reason="counts the copies layout's requests (a buckets count reads the buckets)")
 def test_a_count_asks_only_clusters_down_to_the_marker(make_config: Callable[..., RouterConfig], open_router: Any,
-                                                       servers: LocalClusters) -> None:
+                                                       servers: LocalClusters, layout: str) -> None:
     """Capped at 99 over three periods: the clusters newer than the marker get one marker find and one count each;
     the older cluster is never asked."""
     log = CommandLog()
     config = make_config()
-    register(config)
+    register(config, layout=layout)
     router = open_router(config, clock=lambda: NOW, event_listeners=[log])
     r = fresh()
     router.write_many([item(r, t, i) for i, t in enumerate(spread(P0, 60) + spread(P1, 60) + spread(P2, 60))])
@@ -305,12 +309,13 @@ def test_bad_arguments_name_themselves(router: FeedRouter) -> None:
 # -- observability and the CLI ------------------------------------------------------------
 
 
+@pytest.mark.layouts("copies", reason="counts the copies layout's request (count.feed)")
 def test_calls_are_counted_and_the_cli_shows_the_badge(make_config: Callable[..., RouterConfig], tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                                       capsys: pytest.CaptureFixture[str], layout: str) -> None:
     """mark_seen, seen_position and unseen_count are calls in the metrics; `feedrouter unseen` prints the badge."""
     registry = CollectorRegistry()
     config = make_config()
-    register(config)
+    register(config, layout=layout)
     r = fresh()
     with FeedRouter(config, clock=lambda: NOW, metrics=PrometheusMetrics(registry=registry)) as router:
         router.write_many([item(r, t, i) for i, t in enumerate(spread(P2, 120))])

@@ -24,6 +24,9 @@ from harness.proxy import BlipProxy
 
 from .conftest import NOW, P0, P1, P2, register
 
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
+
 Clients = dict[str, MongoClient[dict[str, Any]]]
 FAST = {"serverSelectionTimeoutMS": 800, "connectTimeoutMS": 800, "socketTimeoutMS": 1500}
 

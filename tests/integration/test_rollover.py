@@ -15,14 +15,21 @@ from prometheus_client import CollectorRegistry
 from pymongo import MongoClient
 
 from router import ClusterConfig, ClusterMeta, FeedItem, ReadWindow, RouterConfig, data_key
+from router.admin.indexes import create_feed_indexes
 from router.admin.migrate import discover, migrate_cluster
 from router.admin.periods import retire
 from router.admin.rollover import RolloverScheduler, do_rollover, plan_rollover
 from router.config import RolloverConfig
+from router.core.layouts import DEFAULT, LAYOUTS, Copy
 from router.errors import ClusterRetired, PeriodChangeRefused, RolloverError, StaleMetadata
 from router.observe.prometheus import PrometheusMetrics
 from router.storage.clusters import Cluster, Clusters
 from harness.localservers import LocalClusters
+
+from . import stored
+
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
 
 UTC = timezone.utc
 P0 = datetime(2024, 3, 1, tzinfo=UTC)
@@ -43,9 +50,11 @@ class Clock:
 
 
 class Env:
-    """Dedicated local servers: cluster_1 [P0, P1), cluster_2 [P1, open), the rest standby (migrated, empty)."""
+    """Dedicated local servers: cluster_1 [P0, P1), cluster_2 [P1, open), the rest standby (migrated, empty); every
+    period, and every one a rollover adds, in *layout*."""
 
-    def __init__(self, local: LocalClusters, *, standby_migrated: bool = True, refresh: timedelta = timedelta(seconds=60)) -> None:
+    def __init__(self, local: LocalClusters, *, standby_migrated: bool = True, refresh: timedelta = timedelta(seconds=60),
+                 layout: str = DEFAULT) -> None:
         self.local = local
         names = [s.name for s in local.servers]
         self.config = RouterConfig(
@@ -56,7 +65,7 @@ class Env:
             ),
             refresh_interval=refresh,
             read_window=ReadWindow(),
-            rollover=RolloverConfig(period="monthly", lead_time=LEAD, standby=tuple(names[2:])),
+            rollover=RolloverConfig(period="monthly", lead_time=LEAD, standby=tuple(names[2:]), layout=layout),
         )
         migrations = discover()
         for spec in self.config.clusters:
@@ -64,17 +73,20 @@ class Env:
             if spec.name in ("cluster_1", "cluster_2") or standby_migrated:
                 migrate_cluster(c, self.config, migrations)
             if spec.name == "cluster_1":
-                c.write_meta(ClusterMeta(name="cluster_1", start_date=P0, end_date=P1, creator_name="t"))
+                c.write_meta(ClusterMeta(name="cluster_1", start_date=P0, end_date=P1, creator_name="t", layout=layout))
+                create_feed_indexes(c, LAYOUTS[layout])
             if spec.name == "cluster_2":
-                c.write_meta(ClusterMeta(name="cluster_2", start_date=P1, creator_name="t"))
+                c.write_meta(ClusterMeta(name="cluster_2", start_date=P1, creator_name="t", layout=layout))
+                create_feed_indexes(c, LAYOUTS[layout])
             c.close()
         self.raw = {s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers}
 
     def meta(self) -> dict[str, list[dict[str, Any]]]:
         return {n: list(c.feed.metadata.find({}, {"_id": 1, "start_date": 1, "end_date": 1})) for n, c in self.raw.items()}
 
-    def feed(self, name: str) -> list[dict[str, Any]]:
-        return list(self.raw[name].feed.feed.find({}))
+    def feed(self, name: str) -> list[Copy]:
+        """The copies cluster *name* stores, read through its period's layout."""
+        return stored.copies(self.raw[name].feed)
 
     def close(self) -> None:
         for c in self.raw.values():
@@ -82,9 +94,9 @@ class Env:
 
 
 @pytest.fixture
-def env3() -> Iterator[Env]:
+def env3(layout: str) -> Iterator[Env]:
     with LocalClusters(3) as local:
-        env = Env(local, refresh=timedelta(milliseconds=100))
+        env = Env(local, refresh=timedelta(milliseconds=100), layout=layout)
         yield env
         env.close()
 
@@ -145,9 +157,9 @@ def test_scheduler_rolls_over_while_two_routers_write(env3: Env, open_router: Ca
         stale.write_many([item(t, 300 + i, sender=2) for i, t in enumerate(straddling)])  # refresh works now
 
         c2, c3 = env3.feed("cluster_2"), env3.feed("cluster_3")
-        assert all(d["event_time"] < B for d in c2) and all(d["event_time"] >= B for d in c3)
-        assert sorted(d["data"]["n"] for d in c2) == [0, 1, 200, 300, 301]
-        assert sorted(d["data"]["n"] for d in c3) == [2, 3, 302, 303]
+        assert all(d.event_time < B for d in c2) and all(d.event_time >= B for d in c3)
+        assert sorted(d.data["n"] for d in c2) == [0, 1, 200, 300, 301]
+        assert sorted(d.data["n"] for d in c3) == [2, 3, 302, 303]
         assert env3.feed("cluster_1") == []
     finally:
         scheduler.close()
@@ -264,11 +276,11 @@ def test_refresh_keeps_going_when_an_unrelated_cluster_is_down(env3: Env, open_r
         router.write(item(clock.now, 1, sender=1))  # refresh (cluster_1 unreachable) still succeeds
         assert router.refreshed_at == clock.now
         assert router.timemap.all_clusters() == ["cluster_1", "cluster_2"]
-        assert [d["data"]["n"] for d in env3.feed("cluster_2")] == [1]
+        assert [d.data["n"] for d in env3.feed("cluster_2")] == [1]
         env3.local.servers[0].restart()
 
 
-def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env) -> None:
+def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env, layout: str) -> None:
     """A crash after closing cluster_2 at B but before opening cluster_3: the next tick finishes it."""
     with Clusters(env3.config) as clusters:
         clusters["cluster_2"].write_meta(ClusterMeta(name="cluster_2", start_date=P1, end_date=B, creator_name="t"))
@@ -277,7 +289,8 @@ def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env) -> None:
     lines = scheduler.tick()
     scheduler.close()
     assert scheduler.last_error is None, scheduler.last_error
-    assert "write metadata of cluster 'cluster_3': [2024-05-01T00:00:00Z, open)" in lines
+    named = "" if layout == DEFAULT else f", layout {layout}"
+    assert f"write metadata of cluster 'cluster_3': [2024-05-01T00:00:00Z, open){named}" in lines
     assert env3.meta()["cluster_3"][0]["start_date"] == B
 
 

@@ -25,11 +25,15 @@ from router import (
     data_key,
 )
 from router.core.policy import RetryPolicy, deadline_in
-from router.core.layouts import LAYOUTS, entry_of
+from router.core.layouts import LAYOUTS, Copy, CopyList
 from router.core.writes import insert_program
 from router.cursor import CursorState, Position, encode_state
 
+from . import stored as stored_copies
 from .conftest import NAMES, NOW, P0, P1, P2, PERIODS
+
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
 
 UTC = timezone.utc
 Clients = dict[str, MongoClient[dict[str, Any]]]
@@ -46,9 +50,9 @@ def owner(t: datetime) -> str:
     raise AssertionError(t)
 
 
-def stored(clients: Clients, db: str) -> dict[str, list[dict[str, Any]]]:
+def stored(clients: Clients, db: str) -> dict[str, list[Copy]]:
     """Every feed document on every server, read with plain pymongo."""
-    return {name: list(c[db].feed.find({})) for name, c in clients.items()}
+    return {name: stored_copies.copies(c[db]) for name, c in clients.items()}
 
 
 def page_all(router: FeedRouter, receiver: int | str, limit: int) -> list[FeedItem]:
@@ -72,8 +76,13 @@ def truth_order(items: list[tuple[datetime, ObjectId]]) -> list[ObjectId]:
     return [oid for _, oid in sorted(items, key=key, reverse=True)]
 
 
-def test_every_document_sits_in_the_cluster_owning_its_time(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
-    """Checked with pymongo directly: each document is in its period's cluster, and only there."""
+def test_every_document_sits_in_the_cluster_owning_its_time(make_router: Callable[..., FeedRouter], raw_clients: Clients,
+                                                            db_name: str, layout: str) -> None:
+    """Checked with pymongo directly (read through the layout): each copy is in its period's cluster, and only there;
+    a copies period stores exactly the copy's fields. (3,000 items to 20 receivers: generous timeouts, for buckets
+    on a loaded machine.)"""
+    router = make_router(timeout=timedelta(seconds=60), connectTimeoutMS=30_000, socketTimeoutMS=60_000,
+                         serverSelectionTimeoutMS=30_000)
     rng = random.Random(7)
     times = [P0 + timedelta(seconds=rng.randrange(int((NOW - P0).total_seconds()))) for _ in range(3000)]
     times += [P1, P2, P1 - timedelta(milliseconds=1), P2 - timedelta(milliseconds=1)]  # the boundaries
@@ -85,11 +94,13 @@ def test_every_document_sits_in_the_cluster_owning_its_time(router: FeedRouter, 
     by_id = {oid: it for oid, it in zip(ids, items)}
     for name, cluster_docs in docs.items():
         for d in cluster_docs:
-            it = by_id[d["_id"]]
+            it = by_id[d.id]
             assert owner(it.event_time) == name
-            assert set(d) == {"_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data"}
-            assert int.from_bytes(d["_id"].binary[:4], "big") == int(it.event_time.timestamp())
-            assert d["data"] == it.data and d["receiver_id"] == it.receiver_id
+            assert int.from_bytes(d.id.binary[:4], "big") == int(it.event_time.timestamp())
+            assert d.data == it.data and d.receiver_id == it.receiver_id
+        if layout == "copies":
+            for raw in raw_clients[name][db_name].feed.find({}):
+                assert set(raw) == {"_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data"}
     assert {n: len(v) > 0 for n, v in docs.items()} == {n: True for n in NAMES}
 
 
@@ -98,10 +109,10 @@ def test_write_returns_ids_in_input_order(router: FeedRouter, raw_clients: Clien
     items = [item(1, t, i) for i, t in enumerate([P2 + timedelta(days=1), P0 + timedelta(days=1), P1 + timedelta(days=1)] * 5)]
     ids = router.write_many(items)
     for oid, it in zip(ids, items):
-        doc = raw_clients[owner(it.event_time)][db_name].feed.find_one({"_id": oid})
-        assert doc is not None and doc["data"] == it.data
+        doc = stored_copies.one(raw_clients[owner(it.event_time)][db_name], id=oid)
+        assert doc is not None and doc.data == it.data
     single = router.write(item(2, P1 + timedelta(hours=1), 99))
-    assert raw_clients["cluster_2"][db_name].feed.count_documents({"_id": single}) == 1
+    assert stored_copies.count(raw_clients["cluster_2"][db_name], id=single) == 1
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -196,18 +207,19 @@ def test_delete_removes_every_copy_everywhere(router: FeedRouter, raw_clients: C
     router.write_many([item(r, P1 + timedelta(days=3), 7) for r in range(10)])
     assert router.delete(key) == 150
     for c in raw_clients.values():
-        assert c[db_name].feed.count_documents({"data_key": key}) == 0
-    assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 10
+        assert stored_copies.count(c[db_name], data_key=key) == 0
+    assert sum(stored_copies.count(c[db_name]) for c in raw_clients.values()) == 10
     assert router.delete(key) == 0
 
 
-def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterConfig], raw_clients: Clients, db_name: str) -> None:
+def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterConfig], raw_clients: Clients, db_name: str,
+                                           layout: str) -> None:
     """A batch with one item before every period (or in a gap) is refused whole."""
     from .conftest import register
 
     config = make_config()
     gap_start = P1 + timedelta(days=10)
-    register(config, [(P0, P1), (gap_start, P2), (P2, None)])  # a gap [P1, P1+10d)
+    register(config, [(P0, P1), (gap_start, P2), (P2, None)], layout=layout)  # a gap [P1, P1+10d)
     with FeedRouter(config) as router:
         assert router.timemap.gaps == ((P1, gap_start),)
         good = [item(1, P2 + timedelta(days=1), i) for i in range(5)]
@@ -215,7 +227,7 @@ def test_no_cluster_for_time_writes_nothing(make_config: Callable[..., RouterCon
             router.write_many([*good, item(1, P0 - timedelta(days=1), 5)])
         with pytest.raises(NoClusterForTime, match="'cluster_1' .* ends before it; 'cluster_2' .* starts after it"):
             router.write(item(1, P1 + timedelta(days=1), 6))
-    assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 0
+    assert sum(stored_copies.count(c[db_name]) for c in raw_clients.values()) == 0
 
 
 class _Offset(tzinfo):
@@ -299,7 +311,7 @@ def test_invalid_item_rejects_the_whole_batch(
     with pytest.raises(InvalidItem) as info:
         router.write_many([*good, bad])
     assert str(info.value).startswith(message)
-    assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 0
+    assert sum(stored_copies.count(c[db_name]) for c in raw_clients.values()) == 0
 
 
 def test_not_a_feed_item(router: FeedRouter) -> None:
@@ -331,21 +343,23 @@ def test_bad_delete_argument(router: FeedRouter) -> None:
         router.delete(None)  # type: ignore[arg-type]
 
 
-def test_id_collision_gets_a_fresh_id(sync_router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+def test_id_collision_gets_a_fresh_id(sync_router: FeedRouter, raw_clients: Clients, db_name: str, layout: str) -> None:
     """A first send that hits another item's _id (event seconds recur, the counter wraps) is re-sent with a new id."""
     router = sync_router
     oid = router.write(item(1, P2 + timedelta(days=1), 1))
     newcomer = item(2, P2 + timedelta(days=1), 2)
     n = newcomer
-    doc = entry_of(oid, n.receiver_id, n.sender_id, n.event_time, n.type, n.data, n.data_key)  # the same _id, another item
+    copies = CopyList([Copy(oid, n.receiver_id, n.sender_id, n.event_time, n.type, n.data, n.data_key)])  # the same id
     result = router.clusters.run(
-        insert_program("cluster_3", "feed", [doc], policy=RetryPolicy(), deadline=deadline_in(10), duplicates="check",
-                       layout=LAYOUTS["copies"])
+        insert_program("cluster_3", LAYOUTS[layout], copies, policy=RetryPolicy(), deadline=deadline_in(10),
+                       duplicates="check")
     )
-    assert result.failed == {} and doc["_id"] != oid and result.renamed == {0: doc["_id"]} and result.written == 1
-    assert doc["_id"].generation_time == oid.generation_time  # same event second
-    feed = raw_clients["cluster_3"][db_name].feed
-    assert feed.count_documents({}) == 2 and feed.find_one({"_id": doc["_id"]})["receiver_id"] == 2  # type: ignore[index]
+    fresh = copies.ids[0]
+    assert result.failed == {} and fresh != oid and result.renamed == {0: fresh} and result.written == 1
+    assert fresh.generation_time == oid.generation_time  # same event second
+    db = raw_clients["cluster_3"][db_name]
+    found = stored_copies.one(db, id=fresh)
+    assert stored_copies.count(db) == 2 and found is not None and found.receiver_id == 2
 
 
 def test_unreachable_cluster_at_start_up_is_named(make_config: Callable[..., RouterConfig], servers: Any) -> None:
@@ -363,7 +377,8 @@ def test_unreachable_cluster_at_start_up_is_named(make_config: Callable[..., Rou
 
 
 @pytest.mark.needs_durable_server  # the restarted server must come back as the same cluster
-def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConfig], raw_clients: Clients, db_name: str) -> None:
+def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConfig], raw_clients: Clients, db_name: str,
+                                          layout: str) -> None:
     """With one cluster gone mid-life, its items are reported failed by index; the rest are stored."""
     from harness.localservers import LocalClusters
 
@@ -373,7 +388,7 @@ def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConf
         uris = [raw_clients["cluster_1"].address, spare.uris[0], raw_clients["cluster_3"].address]
         uri_list = [u if isinstance(u, str) else f"mongodb://{u[0]}:{u[1]}" for u in uris]
         config = make_config(uris=uri_list, serverSelectionTimeoutMS=500)
-        register(config)
+        register(config, layout=layout)
         with FeedRouter(config, clock=lambda: NOW) as router:
             spare.servers[0].kill()
             items = [item(1, t, i) for i, t in enumerate([P0 + timedelta(days=1), P1 + timedelta(days=1), P2 + timedelta(days=1)] * 3)]
@@ -381,8 +396,8 @@ def test_cluster_down_fails_only_its_items(make_config: Callable[..., RouterConf
                 router.write_many(items)
             assert sorted(info.value.failed) == [1, 4, 7]
             assert all(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in info.value.failed.values())
-            assert raw_clients["cluster_1"][db_name].feed.count_documents({}) == 3
-            assert raw_clients["cluster_3"][db_name].feed.count_documents({}) == 3
+            assert stored_copies.count(raw_clients["cluster_1"][db_name]) == 3
+            assert stored_copies.count(raw_clients["cluster_3"][db_name]) == 3
             with pytest.raises(ClusterUnavailable, match="cluster 'cluster_2'"):
                 router.write(item(1, P1 + timedelta(days=2), 99))
             spare.servers[0].restart()

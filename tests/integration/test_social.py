@@ -21,8 +21,14 @@ from router import Activity, FeedRouter, InvalidItem, RouterConfig, copy_id, dat
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
 
-from .conftest import NAMES, NOW, P0, P1, P2, PERIODS, register
+from router.core.layouts import Copy
+
+from . import stored
+from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, P2, PERIODS, register
 from .doors import AsyncDoor
+
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
@@ -38,8 +44,8 @@ def owner(t: datetime) -> str:
     raise AssertionError(t)
 
 
-def feed_of(clients: Clients, db: str, receiver: int | str) -> list[dict[str, Any]]:
-    return [d for c in clients.values() for d in c[db].feed.find({"receiver_id": receiver})]
+def feed_of(clients: Clients, db: str, receiver: int | str) -> list[Copy]:
+    return [d for c in clients.values() for d in stored.copies(c[db], receiver_id=receiver)]
 
 
 def outbox(clients: Clients, db: str) -> list[dict[str, Any]]:
@@ -76,7 +82,7 @@ def test_publish_pushes_and_keeps_the_outbox_entry(router: FeedRouter, raw_clien
     assert entry == {"_id": outbox_id(int(act.event_time.timestamp()), act.data_key), "data_key": act.data_key,
                      "sender_id": 7, "event_time": entry["event_time"], "type": 1, "data": {"post": 1}}
     assert raw_clients["cluster_2"][db_name].outbox.count_documents({}) == 1
-    assert sorted(d["receiver_id"] for d in raw_clients["cluster_2"][db_name].feed.find({})) == [1, 2, 3]
+    assert sorted(d.receiver_id for d in stored.copies(raw_clients["cluster_2"][db_name])) == [1, 2, 3]
     again = router.publish(act, [1, 2, 3, 4], active={1, 2, 3})  # publishing again changes nothing
     assert not again.outbox_new and again.fan_out is not None and again.fan_out.written == 0
     assert len(outbox(raw_clients, db_name)) == 1
@@ -88,7 +94,7 @@ def test_a_pulled_author_costs_one_outbox_entry_and_is_read_by_pull(router: Feed
     celeb = post("celeb", 1, P2 + timedelta(days=1))
     result = router.publish(celeb, range(100_000), pull=True)
     assert result.path == "pull" and result.fan_out is None and result.handle is None
-    assert sum(c[db_name].feed.count_documents({}) for c in raw_clients.values()) == 0
+    assert sum(stored.count(c[db_name]) for c in raw_clients.values()) == 0
     assert len(outbox(raw_clients, db_name)) == 1
     router.publish(post(9, 1, P2 + timedelta(days=2)), [42])
     page = router.read(42, limit=10, pull=["celeb"])
@@ -106,7 +112,7 @@ def test_the_pull_threshold_counts_followers(make_router: Callable[..., FeedRout
     many = router.publish(post(1, 1, P2 + timedelta(days=1)), (i for i in range(11)))
     few = router.publish(post(1, 2, P2 + timedelta(days=2)), list(range(10)))
     assert (many.path, many.followers) == ("pull", None) and (few.path, few.followers) == ("push", 10)
-    assert raw_clients["cluster_3"][db_name].feed.count_documents({}) == 10
+    assert stored.count(raw_clients["cluster_3"][db_name]) == 10
     if not isinstance(router, AsyncDoor):
         return
     # The async door also counts an async iterable, reading no more than threshold + 1 of it.
@@ -123,9 +129,9 @@ def test_the_pull_threshold_counts_followers(make_router: Callable[..., FeedRout
     few = router.publish(post(1, 4, P2 + timedelta(days=4)), followers(10))
     assert (few.path, few.followers, len(read)) == ("push", 10, 10)
     assert few.fan_out is not None and (few.fan_out.written, few.fan_out.skipped) == (10, 0)
-    feed = raw_clients["cluster_3"][db_name].feed
-    assert sorted(d["receiver_id"] for d in feed.find({"data.post": 4})) == list(range(100, 110))
-    assert feed.count_documents({"data.post": 3}) == 0 and feed.count_documents({}) == 20
+    feed = stored.copies(raw_clients["cluster_3"][db_name])
+    assert sorted(d.receiver_id for d in feed if d.data == {"post": 4}) == list(range(100, 110))
+    assert not [d for d in feed if d.data == {"post": 3}] and len(feed) == 20
     assert raw_clients["cluster_3"][db_name].outbox.count_documents({"sender_id": 1}) == 4
 
 
@@ -254,11 +260,11 @@ def test_backfill_rebuilds_a_dormant_user(router: FeedRouter, raw_clients: Clien
     result = router.backfill(99, authors, since=since, limit=25)
     newest = sorted((p for p in posts if p.event_time > since), key=lambda p: p.event_time, reverse=True)[:25]
     assert result.written == 25 and result.already_present == 0 and result.copied == 25
-    stored = feed_of(raw_clients, db_name, 99)
-    assert sorted(d["data_key"] for d in stored) == sorted(p.data_key for p in newest)
-    for d in stored:  # the same derived id fan-out would have given the copy, in the cluster owning its time
-        assert d["_id"] == copy_id(int(d["event_time"].timestamp()), d["data_key"], 99)
-        assert raw_clients[owner(d["event_time"])][db_name].feed.count_documents({"_id": d["_id"]}) == 1
+    copies = feed_of(raw_clients, db_name, 99)
+    assert sorted(d.data_key for d in copies) == sorted(p.data_key for p in newest)
+    for d in copies:  # the same derived id fan-out would have given the copy, in the cluster owning its time
+        assert d.id == copy_id(int(d.event_time.timestamp()), d.data_key, 99)
+        assert stored.count(raw_clients[owner(d.event_time)][db_name], id=d.id) == 1
     again = router.backfill(99, authors, since=since, limit=25)
     assert (again.written, again.already_present) == (0, 25)
     assert len(feed_of(raw_clients, db_name, 99)) == 25
@@ -275,6 +281,7 @@ def test_follow_copies_the_newest_posts(router: FeedRouter, raw_clients: Clients
     assert {i.sender_id for i in router.read(5).items} == {21}
 
 
+@MANY_COPIES
 def test_backfill_racing_a_fan_out_leaves_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """The same post fanned out to 20k followers while a backfill copies it to some of them: one copy each."""
     act = post(31, 1, P2 + timedelta(days=4))
@@ -294,9 +301,8 @@ def test_backfill_racing_a_fan_out_leaves_one_copy_each(router: FeedRouter, raw_
     thread.join(120)
     assert not errors and not thread.is_alive()
     assert result.written + result.already_present == 20_000
-    feed = raw_clients["cluster_3"][db_name].feed
-    assert feed.count_documents({}) == 20_000
-    assert len({d["receiver_id"] for d in feed.find({}, {"receiver_id": 1})}) == 20_000
+    feed = stored.copies(raw_clients["cluster_3"][db_name])
+    assert len(feed) == 20_000 and len({d.receiver_id for d in feed}) == 20_000
 
 
 def test_unfollow_removes_exactly_that_senders_copies(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
@@ -305,11 +311,11 @@ def test_unfollow_removes_exactly_that_senders_copies(router: FeedRouter, raw_cl
         when = P0 + timedelta(days=40 * n)
         router.publish(post(41, n, when), [1, 2])
         router.publish(post(42, n, when + timedelta(hours=1)), [1, 2])
-    before = {c: list(raw_clients[c][db_name].feed.find({})) for c in NAMES}
+    before = {c: stored.copies(raw_clients[c][db_name]) for c in NAMES}
     assert router.unfollow(1, 41) == 6
-    after = {c: list(raw_clients[c][db_name].feed.find({})) for c in NAMES}
+    after = {c: stored.copies(raw_clients[c][db_name]) for c in NAMES}
     removed = [d for c in NAMES for d in before[c] if d not in after[c]]
-    assert len(removed) == 6 and all(d["receiver_id"] == 1 and d["sender_id"] == 41 for d in removed)
+    assert len(removed) == 6 and all(d.receiver_id == 1 and d.sender_id == 41 for d in removed)
     assert router.unfollow(1, 41) == 0
 
 
@@ -320,30 +326,31 @@ def test_update_and_delete_reach_every_copy_and_the_outbox(router: FeedRouter, r
     router.publish(act, range(500))
     router.publish(other, range(10))
     assert router.update(act.data_key, {"post": 1, "edited": True}) == 500  # the copies (the outbox entry too)
-    copies = list(raw_clients["cluster_2"][db_name].feed.find({"data_key": act.data_key}))
-    assert len(copies) == 500 and all(d["data"] == {"post": 1, "edited": True} for d in copies)
+    copies = stored.copies(raw_clients["cluster_2"][db_name], data_key=act.data_key)
+    assert len(copies) == 500 and all(d.data == {"post": 1, "edited": True} for d in copies)
     assert raw_clients["cluster_2"][db_name].outbox.find_one({"data_key": act.data_key})["data"]["edited"]  # type: ignore[index]
-    assert all(d["data"] == {"post": 2} for d in raw_clients["cluster_2"][db_name].feed.find({"data_key": other.data_key}))
+    assert all(d.data == {"post": 2} for d in stored.copies(raw_clients["cluster_2"][db_name], data_key=other.data_key))
     assert router.update(act.data_key, {"post": 1, "edited": True}) == 0  # repeatable: nothing left to change
     assert router.delete(act.data_key) == 500
     assert raw_clients["cluster_2"][db_name].outbox.count_documents({}) == 1
-    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
+    assert stored.count(raw_clients["cluster_2"][db_name]) == 10
 
 
 #: The commands test_small_edits_send_one_find_and_one_edit_per_cluster looks at.
 EDITS = ("find", "delete", "update", "insert", "count", "aggregate")
 
 
+@pytest.mark.layouts("copies", reason="counts the commands of the copies layout's edits")
 def test_small_edits_send_one_find_and_one_edit_per_cluster(
     make_config: Callable[..., RouterConfig], open_router: Callable[..., Any], servers: LocalClusters,
-    raw_clients: Clients, db_name: str,
+    raw_clients: Clients, db_name: str, layout: str,
 ) -> None:
     """Editing a post with fewer copies than one sample: per cluster, the edit fence's record (an update reads the
     newest first; both remove the records they supersede), a find and an edit of the feed (no edit where the find
     found nothing) and one edit of the outbox; the result checked with pymongo."""
     commands = CommandLog()
     config = make_config()
-    register(config)
+    register(config, layout=layout)
     router = open_router(config, clock=lambda: NOW, event_listeners=[commands])
     act = post(53, 1, P1 + timedelta(days=1))
     router.publish(act, range(300))
@@ -358,7 +365,7 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
         for name in NAMES:
             feed = [(verb, "feed")] if name == "cluster_2" else []
             assert commands.sent(port[name], names=EDITS) == [*fences[verb], ("find", "feed"), *feed, (verb, "outbox")], name
-    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 0
+    assert stored.count(raw_clients["cluster_2"][db_name]) == 0
     assert outbox(raw_clients, db_name) == []
 
 
@@ -401,6 +408,8 @@ class Model:
                                                                                k, user).binary), reverse=True)
 
 
+@pytest.mark.unheld("javaserver", "buckets", reason="each example starts by deleting every document, which "
+                   "mongo-java-server fails for a bucket emptied by an edit (Found no position ... in MemoryUniqueIndex)")
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=ops, limit=st.sampled_from([1, 2, 5, 50]))
 def test_random_social_graph_reads_match_the_model(
@@ -478,12 +487,14 @@ def test_random_social_graph_reads_match_the_model(
         assert [(i.data_key, i.data) for i in items] == [(k, model.posts[k].data) for k in model.expected(user)], (user, limit)
 
 
+@pytest.mark.layouts("copies", reason="counts the finds of the copies layout's page (a buckets page reads two buckets "
+                                      "at a time, and may count the unread ones)")
 def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
-                                                       servers: LocalClusters) -> None:
+                                                       servers: LocalClusters, layout: str) -> None:
     """A page pulling 100 senders: each cluster it touches gets one inbox find and one outbox find, no more."""
     finds = CommandLog()
     config = make_config()
-    register(config)
+    register(config, layout=layout)
     router = open_router(config, clock=lambda: NOW, event_listeners=[finds])
     senders = [f"s{i}" for i in range(100)]
     for i, sender in enumerate(senders):  # 100 pulled authors, posts in every period
@@ -507,13 +518,14 @@ def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[...
 
 
 def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callable[..., RouterConfig],
-                                                             open_router: Callable[..., Any], servers: LocalClusters) -> None:
+                                                             open_router: Callable[..., Any], servers: LocalClusters,
+                                                             layout: str) -> None:
     """Ten pulled posts sharing one millisecond, paged 3 at a time: each once, newest first by (event_time, _id), in
     full pages. The cluster holding them gets a third find (the whole millisecond) on each page whose outbox answer
     ends inside it."""
     finds = CommandLog()
     config = make_config()
-    register(config)
+    register(config, layout=layout)
     router = open_router(config, clock=lambda: NOW, event_listeners=[finds])
     t = P2 + timedelta(days=10, milliseconds=321)
     group = [post(f"s{i % 4}", i, t) for i in range(10)]  # four pulled authors, all in cluster_3's t
@@ -556,5 +568,5 @@ def test_publish_in_the_background(router: FeedRouter, raw_clients: Clients, db_
     result = router.publish(post(61, 1, P1 + timedelta(days=5)), range(3000), background=True)
     assert result.path == "push" and result.fan_out is None and result.handle is not None
     assert result.handle.result(timeout=120).written == 3000
-    assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 3000
+    assert stored.count(raw_clients["cluster_2"][db_name]) == 3000
     assert raw_clients["cluster_2"][db_name].outbox.count_documents({}) == 1

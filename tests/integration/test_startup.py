@@ -13,6 +13,9 @@ from router import FeedRouter, MetadataError, RouterConfig
 
 from .conftest import P0, P1, P2, register
 
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
+pytestmark = pytest.mark.contract
+
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
 

@@ -97,8 +97,15 @@ def test_insert_counts_come_from_write_errors_only() -> None:
 
     details = {"writeErrors": [{"index": 1, "code": 11000, "errmsg": "dup"}], "writeConcernErrors": [], "nInserted": 0}
     outcome = insert_outcome(BulkWriteError(details))
-    program = insert_program("c", "feed", [{"_id": i} for i in range(3)], policy=RetryPolicy(), deadline=1e12,
-                             duplicates="present")
+    from datetime import datetime, timezone
+
+    from bson import ObjectId
+
+    from router.core.layouts import LAYOUTS, Copy, CopyList
+
+    t = datetime(2024, 7, 2, tzinfo=timezone.utc)
+    copies = CopyList([Copy(ObjectId(), r, 1, t, 1, {}, "k") for r in range(3)])
+    program = insert_program("c", LAYOUTS["copies"], copies, policy=RetryPolicy(), deadline=1e12, duplicates="present")
     request = next(program)
     assert isinstance(request, Insert) and len(request.documents) == 3
     try:

@@ -1,4 +1,4 @@
-"""Edits in steps (router.core.layouts.copies.in_steps) against a scripted store that runs out of time on big steps."""
+"""Edits in steps (router.core.layouts.queries.in_steps) against a scripted store that runs out of time on big steps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from bson import ObjectId
 
 from router.core.layouts import EditSettings
-from router.core.layouts.copies import SPLITS, in_steps, key_edit
+from router.core.layouts.queries import SPLITS, in_steps, key_edit
 from router.core.steps import Delete, Failure, Find, Program, Update
 from router.errors import ClusterUnavailable
 from router.testing.scripted import ScriptedStore, matches

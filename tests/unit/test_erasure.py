@@ -13,7 +13,7 @@ import attrs
 import pytest
 from bson import Decimal128, ObjectId
 
-from router import ConfigError, InvalidItem, parse_config
+from router import Activity, ConfigError, FeedItem, InvalidItem, parse_config
 from router.core.erasure import ErasureRecord, ErasureStatus
 from router.core.export import ExportSummary
 from router.core.layouts import posts
@@ -96,18 +96,21 @@ def test_only_a_later_done_erasure_finishes_one_that_stopped() -> None:
 
 
 def test_export_files_are_json_lines_with_their_checksums_in_the_manifest(tmp_path: Path) -> None:
-    """Each record is one line of JSON (times in ISO 8601, ObjectIds in hex, bytes in base64, other BSON values in
-    relaxed Extended JSON); an empty stream is an empty file; the manifest, written last, holds each file's records,
-    bytes and SHA-256."""
+    """Each record is one line of JSON: the value's fields, then its period (times in ISO 8601, ObjectIds in hex,
+    bytes in base64, other BSON values in relaxed Extended JSON); an empty stream is an empty file; the manifest,
+    written last, holds each file's records, bytes and SHA-256."""
     folder = ExportFolder(tmp_path, user_id="u-7")
     oid = ObjectId()
-    folder.write("received", {"id": oid, "event_time": T, "data": {"b": b"\x00\x01", "d": Decimal128("1.5")}})
-    folder.write("received", {"id": oid, "event_time": T, "data": {"text": "é"}})
+    item = FeedItem(receiver_id="u-7", sender_id=42, event_time=T, type=1, data_key="k",
+                    data={"b": b"\x00\x01", "d": Decimal128("1.5")}, id=oid)
+    folder.write("received", item, "c1")
+    folder.write("received", attrs.evolve(item, data={"text": "é"}), "c1")
     assert not (tmp_path / "manifest.json").exists() and (tmp_path / "received.jsonl.partial").exists()
     result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 2, "seen": 0}))
     lines = (tmp_path / "received.jsonl").read_text(encoding="utf-8").splitlines()
-    assert json.loads(lines[0]) == {"id": str(oid), "event_time": T.isoformat(),
-                                    "data": {"b": "AAE=", "d": {"$numberDecimal": "1.5"}}}
+    assert json.loads(lines[0]) == {"receiver_id": "u-7", "sender_id": 42, "event_time": T.isoformat(), "type": 1,
+                                    "data": {"b": "AAE=", "d": {"$numberDecimal": "1.5"}}, "data_key": "k",
+                                    "id": str(oid), "period": "c1"}
     assert json.loads(lines[1])["data"] == {"text": "é"}
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     data = (tmp_path / "received.jsonl").read_bytes()
@@ -129,6 +132,6 @@ def test_an_export_folder_must_exist_and_hold_no_export(tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     folder = ExportFolder(other, user_id=7)
-    folder.write("sent", {"event_time": T})
+    folder.write("sent", Activity(sender_id=7, event_time=T, type=1, data={}, data_key="k"), "c1")
     folder.abort()
     assert list(other.iterdir()) == []

@@ -24,7 +24,7 @@ from router.core.policy import RetryPolicy
 from router.core.pseudonyms import Pseudonyms
 from router.core.social import backfill_program, store_outbox
 from router.core.layouts import posts
-from router.core.steps import Insert, Program
+from router.core.steps import Program
 from router.testing.scripted import Run, ScriptedStore, interleavings, run_alone, sampled
 from router.timemap import TimeMap
 
@@ -65,7 +65,8 @@ def started(of: FanOutJob, *receivers: int) -> Any:
     erasure sends fewer requests; a job's start and records are raced below.)"""
     def setup(store: ScriptedStore) -> None:
         a = of.activity
-        store.answer(Insert(CLUSTER, posts.POSTS, [posts.entry(a.sender_id, a.data_key, a.event_time)], 0.0))
+        post = posts.Registered(a.sender_id, a.data_key, a.event_time)
+        store.answer(posts.REGISTRY.store(CLUSTER, posts.REGISTRY.documents([post]), 0.0))
         run_alone(batch(of, 0, list(receivers), record=False), store)
     return setup
 

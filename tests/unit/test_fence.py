@@ -15,6 +15,7 @@ from router.core.checkpoint import fenced_status, start_job
 from router.core.fence import DELETED, NEVER, Fence, FenceMemo, fence_of
 from router.core.policy import RetryPolicy
 from router.core.steps import Find, Insert
+from router.core.runs import STOP
 from router.core.tally import RunState
 from router.testing.scripted import ScriptedStore, run_alone
 
@@ -117,10 +118,10 @@ def test_a_run_that_meets_the_tombstone_stops_and_says_so() -> None:
     store = ScriptedStore()
     run_alone(delete_program(KEY, ["c3"], EditSettings()), store)
     state = RunState(JOB, timeout=30.0)
-    assert state.admit(0, [1, 2], set()) == "send"
+    assert state.admit(0, 0, [1, 2]) == (0, 0, [1, 2])
     outcome, _ = run_alone(batch(0, [1, 2]), store)
     state.add(outcome)
-    assert state.stopping and state.fence.deleted and state.admit(1, [3], set()) == "stop"
+    assert state.stopping and state.fence.deleted and state.admit(1, 2, [3]) == STOP
     with pytest.raises(ItemDeleted) as raised:
         run_alone(state.finish(opened=True), store)
     result = raised.value.result

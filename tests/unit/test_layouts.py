@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 from datetime import datetime, timezone
+from pathlib import Path
 
 import bson
 import pytest
@@ -10,7 +12,7 @@ from bson import ObjectId
 
 from router.core.layouts import DEFAULT, LAYOUTS, layout_named
 from router.core.checks import MAX_DATA_BYTES
-from router.core.layouts.copies import newer_than, older_than
+from router.core.layouts.queries import newer_than, older_than
 from router.core.steps import Update
 from router.cursor import Position
 from router.errors import InvalidItem
@@ -46,6 +48,79 @@ def test_metadata_records_a_layout_only_when_not_the_default() -> None:
     timemap = TimeMap([plain.__class__(name="c1", start_date=start, end_date=other.start_date), other])
     assert timemap.layout_of("c1") == "copies" and timemap.layout_of("c2") == "buckets"
     assert timemap.layout_of("not-there") == "copies"
+
+
+# -- the seam: only a layout knows a stored copy's fields ---------------------------------------
+
+
+ROUTER = Path(__file__).resolve().parents[2] / "router"
+#: The fields of a stored copy, bucket or outbox entry.
+STORED_FIELDS = {"_id", "receiver_id", "data_key", "sender_id", "event_time", "type", "data", "items", "newest", "oldest"}
+#: Modules that build or read documents of other collections, and the fields of those documents they may name.
+OTHER_DOCUMENTS = {
+    "core/seen.py": ({"_id", "receiver_id", "event_time"}, "seen markers"),
+    "core/fence.py": ({"_id", "data_key", "data"}, "edit fence records"),
+    "core/checkpoint.py": ({"_id", "data_key", "event_time"}, "fan-out checkpoints and batch records"),
+    "core/erasure.py": ({"_id"}, "erasure records"),
+    "core/jobs.py": ({"sender_id", "type", "data", "data_key"}, "a Celery task's JSON (the activity)"),
+    "core/metadata.py": ({"_id"}, "metadata documents"),
+    "model.py": ({"_id"}, "metadata documents (ClusterMeta.to_document)"),
+    "storage/clusters.py": ({"_id"}, "metadata documents"),
+    "storage/finds.py": ({"_id"}, "any collection's documents: _id ends the order a read continues in"),
+    "admin/rollover.py": ({"_id"}, "the rollover lock"),
+    "admin/migrate.py": ({"_id"}, "migration records, metadata documents"),
+    "cli/__init__.py": ({"receiver_id", "event_time"}, "the CLI's --json output"),
+    "testing/scripted.py": ({"_id"}, "the scripted store, which plays the server"),
+}
+
+
+def document_keys(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants used as a document's field: dict keys, subscripts, ``.get``/``.pop`` keys, and the field of a
+    ``(field, 1 or -1)`` sort or index pair."""
+    found = []
+    for node in ast.walk(tree):
+        keys: list[ast.expr | None] = []
+        if isinstance(node, ast.Dict):
+            keys = list(node.keys)
+        elif isinstance(node, ast.Subscript):
+            keys = [node.slice]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "get", "pop", "setdefault") and node.args:
+            keys = [node.args[0]]
+        elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and ast.unparse(node.elts[1]) in ("1", "-1"):
+            keys = [node.elts[0]]
+        found += [(k.lineno, k.value) for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return found
+
+
+def outside_layouts() -> list[Path]:
+    return [p for p in sorted(ROUTER.rglob("*.py")) if "core/layouts" not in p.relative_to(ROUTER).as_posix()]
+
+
+def test_no_module_outside_the_layouts_names_a_stored_copys_field() -> None:
+    """Only router/core/layouts/ builds or reads a stored copy, bucket or outbox entry (shipped migrations aside):
+    elsewhere a stored field used as a document key is another collection's, named in OTHER_DOCUMENTS."""
+    problems = []
+    for path in outside_layouts():
+        rel = path.relative_to(ROUTER).as_posix()
+        allowed = OTHER_DOCUMENTS.get(rel, (set(), ""))[0]
+        problems += [f"router/{rel}:{line}: {key!r}" for line, key in document_keys(ast.parse(path.read_text()))
+                     if key in STORED_FIELDS and key not in allowed]
+    assert not problems, "\n".join(problems)
+
+
+def test_only_the_layouts_ask_for_the_feed_and_the_outbox() -> None:
+    """No request outside router/core/layouts/ names the feed or outbox collection (a Find, Insert... whose
+    collection argument is "feed" or "outbox")."""
+    requests = {"Find", "Count", "Insert", "Delete", "Update", "Upserts"}
+    problems = []
+    for path in outside_layouts():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in requests:
+                named = [a for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "collection"]]
+                if any(isinstance(a, ast.Constant) and a.value in ("feed", "outbox") for a in named):
+                    problems.append(f"router/{path.relative_to(ROUTER).as_posix()}:{node.lineno}")
+    assert not problems, problems
 
 
 @pytest.mark.parametrize("layout", ["copies", "buckets"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime, timezone
 
 from bson import ObjectId
 
@@ -10,13 +10,20 @@ from router import ClusterUnavailable, ItemRefused
 from router.core.policy import RetryPolicy, deadline_in
 from router.core.steps import Insert, InsertOutcome, WriteError
 from router.core.writes import InsertResult, insert_program
+from router.core.layouts import LAYOUTS, Copy, CopyList
+
+T = datetime(2024, 7, 2, tzinfo=timezone.utc)
+
+
+def some_copies(n: int) -> CopyList:
+    """*n* copies of one post, for receivers 7, 8, ..."""
+    return CopyList([Copy(ObjectId(), 7 + i, 1, T, 1, {"p": 1}, "k") for i in range(n)])
 
 
 def test_documents_that_timed_out_are_failed_not_retried_nor_refused() -> None:
     """MaxTimeMSExpired (50) on some documents: they fail with ClusterUnavailable (repeatable), with no second insert."""
-    docs: list[dict[str, Any]] = [{"_id": ObjectId(), "n": i} for i in range(3)]
-    program = insert_program("cluster_1", "feed", docs, policy=RetryPolicy(), deadline=deadline_in(10),
-                             duplicates="present")
+    program = insert_program("cluster_1", LAYOUTS["copies"], some_copies(3), policy=RetryPolicy(),
+                             deadline=deadline_in(10), duplicates="present")
     request = next(program)
     assert isinstance(request, Insert) and len(request.documents) == 3
     outcome = InsertOutcome(write_errors=(WriteError(1, 50, "operation exceeded time limit"), WriteError(2, 2, "bad")))
@@ -35,21 +42,19 @@ def test_documents_that_timed_out_are_failed_not_retried_nor_refused() -> None:
 def test_a_buckets_duplicate_is_read_back_and_a_copy_not_found_is_stored_again() -> None:
     """Fan-out copies into buckets: a duplicate may be the receiver's first bucket, started at once by another writer.
     The copies are read back; one found is present, one not found is sent again (no shared first-bucket _id)."""
-    from datetime import datetime, timezone
-
-    from router.core.layouts import copy_entries
+    from router.core.layouts import FanBatch
     from router.core.layouts.buckets import Buckets, first_bucket
     from router.core.steps import Find, Upserts
 
     ids = [ObjectId() for _ in range(3)]
-    docs = copy_entries(ids, [7, 8, 9], 1, datetime(2024, 7, 2, tzinfo=timezone.utc), 1, {"p": 1}, "k")
-    program = insert_program("cluster_3", "feed", docs, policy=RetryPolicy(), deadline=deadline_in(10),
-                             duplicates="present", layout=Buckets())
+    program = insert_program("cluster_3", Buckets(), FanBatch(ids, [7, 8, 9], 1, T, 1, {"p": 1}, "k"),
+                             policy=RetryPolicy(), deadline=deadline_in(10), duplicates="present")
     first = next(program)
     assert isinstance(first, Upserts) and first.ops[0][1]["$setOnInsert"] == {"_id": first_bucket(7)}
     lookup = program.send(InsertOutcome(write_errors=(WriteError(0, 11000, "dup"), WriteError(1, 11000, "dup"))))
-    assert isinstance(lookup, Find) and lookup.filter == {"receiver_id": {"$in": [7, 8]}, "items._id": {"$in": ids[:2]}}
-    again = program.send([{"receiver_id": 8, "items": [{**docs[1], "receiver_id": None}]}])
+    assert isinstance(lookup, Find) and lookup.filter == {"items._id": {"$in": ids[:2]}}
+    stored = {"_id": ids[1], "data_key": "k", "sender_id": 1, "event_time": T, "type": 1}  # (the read-back's projection)
+    again = program.send([{"receiver_id": 8, "items": [stored]}])
     assert isinstance(again, Upserts) and len(again.ops) == 1 and "$setOnInsert" not in again.ops[0][1]
     assert again.ops[0][1]["$push"]["items"]["_id"] == ids[0]
     try:

@@ -9,25 +9,19 @@ from collections.abc import Mapping
 
 from ...errors import InvalidItem, UnknownLayout
 from ...timemap import TimeMap
-from .base import (
-    DEFAULT,
-    EditSettings,
-    Entry,
-    IndexSpec,
-    Inbox,
-    Layout,
-    copy_entries,
-    entry_of,
-    item_entries,
-    same_entry,
-)
+from .base import DEFAULT, EditSettings, IndexSpec, Inbox, Layout, Writer
 from .buckets import Buckets
 from .copies import Copies
+from ...layout_names import LAYOUT_NAMES
+from .values import Copy, CopyBatch, CopyList, FanBatch, ItemBatch, Post
 
-__all__ = ["DEFAULT", "EditSettings", "Entry", "IndexSpec", "Inbox", "LAYOUTS", "Layout", "copy_entries", "entry_of", "item_entries", "layout_for", "layout_named", "same_entry"]
+__all__ = ["DEFAULT", "Copy", "CopyBatch", "CopyList", "EditSettings", "FanBatch", "IndexSpec", "Inbox", "ItemBatch",
+           "LAYOUTS", "Layout", "Post", "Writer", "layout_for", "layout_named"]
 
-#: Every layout, by the name recorded in a period's metadata.
+#: Every layout, by the name recorded in a period's metadata. A new layout is one more row here (and its name in
+#: :data:`router.layout_names.LAYOUT_NAMES`); the contract suite runs over this table.
 LAYOUTS: Mapping[str, Layout] = {Copies.name: Copies(), Buckets.name: Buckets()}
+assert tuple(LAYOUTS) == LAYOUT_NAMES, "router.core.layouts.names.LAYOUT_NAMES lists the table's names, in order"
 
 
 def layout_for(timemap: TimeMap | None, cluster: str) -> Layout:

@@ -1,21 +1,24 @@
 """The layout contract: everything that knows how a period stores its receivers' copies.
 
 A *layout* is the one place that names a field of a stored copy. The rest of the core
-speaks in :class:`Entry` values (one copy, as a plain dict with the fields of
-:data:`ENTRY_FIELDS`) and in positions, and asks the cluster's layout for the requests
-that store, find, fix, edit and count them. Each period records its layout in its
-metadata (``layout``; absent means :data:`DEFAULT`), so a deployment changes layout
-at a period boundary without moving any data, and a page that crosses the boundary
-merges answers of both.
+speaks in values (:mod:`.values`: a :class:`~.values.Copy`, a batch of copies, a
+:class:`~router.model.FeedItem` in a page) and in positions, and asks the cluster's layout
+for the requests that store, find, fix, edit and count them; the layout builds its own
+documents and reads them back into values. Each period records its layout in its metadata
+(``layout``; absent means :data:`DEFAULT`), so a deployment changes layout at a period
+boundary without moving any data, and a page that crosses the boundary merges answers of both.
 
-Model: APScheduler 3's ``jobstores/base.py`` (one abstract store, each store builds its
-own documents) and h11's ``_writers.py`` (a table picks the writer; the state machine
-never sees the bytes). The table is :data:`router.core.layouts.LAYOUTS`.
+Model: APScheduler 3's ``jobstores/base.py`` (``add_job(job)`` takes a ``Job``; each store
+builds its own documents) and h11's ``_writers.py`` (a table picks the writer; the state
+machine never sees the bytes). The table is :data:`router.core.layouts.LAYOUTS`. Query
+helpers every layout may use (positions, steps, chunks) are in :mod:`.queries`; sibling
+layouts never import each other.
 
-What a layout must guarantee, whatever its shape: one stored copy per ``_id`` however
-often a batch is sent (a second send of the same entry is a duplicate, code 11000, or
-a no-op); newest-first answers by ``(event_time, _id)`` strictly after a position;
-every copy of a ``data_key`` reachable for delete and update.
+What a layout must guarantee, whatever its shape: one stored copy per id however often a
+batch is sent (a second send of the same copy is a duplicate, code 11000, or a no-op);
+newest-first answers by ``(event_time, id)`` strictly after a position; every copy of a
+``data_key`` reachable for delete and update; its indexes listed by :meth:`Layout.indexes`
+(created when a period is added, the only place a period's feed indexes come from).
 """
 
 from __future__ import annotations
@@ -23,68 +26,61 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import attrs
 from bson import ObjectId
 
 from ...cursor import Position
-from ...model import FeedItem, to_millis
+from ...model import FeedItem
 from ..policy import RetryPolicy
-from ..steps import Failure, Find, Program, Request
+from ..steps import Collection, Failure, Program, Request
+from ...layout_names import DEFAULT
+from .values import Copy, CopyBatch, FanBatch
 
-__all__ = ["DEFAULT", "ENTRY_FIELDS", "EditSettings", "Entry", "Inbox", "IndexSpec", "Layout", "copy_entries", "entry_of", "item_entries",
-           "outside_clause", "same_entry"]
+__all__ = ["DEFAULT", "EditSettings", "Inbox", "IndexSpec", "Layout", "Writer"]
 
-#: The layout of a period whose metadata names none.
-DEFAULT = "copies"
-#: The fields of one copy as the core hands it to a layout (an *entry*), in storage order.
-ENTRY_FIELDS = ("_id", "data_key", "receiver_id", "sender_id", "event_time", "type", "data")
-#: One copy as the core builds it: a dict with exactly :data:`ENTRY_FIELDS`.
-Entry = dict[str, Any]
+B = TypeVar("B")
 
 
-def entry_of(oid: ObjectId, receiver: int | str, sender: int | str, event_time: datetime, kind: int | str,
-             data: Any, data_key: str) -> Entry:
-    """The entry of one copy."""
-    return {"_id": oid, "data_key": data_key, "receiver_id": receiver, "sender_id": sender, "event_time": event_time,
-            "type": kind, "data": data}
+class Writer(abc.ABC, Generic[B]):
+    """How one kind of document is stored by the insert loop (:func:`router.core.writes.insert_program`): from a
+    batch of values *B* to documents, and back when a duplicate must be sorted out.
 
+    A layout is the writer of copies; :mod:`.outbox` has the writer of posts; other collections (the edit
+    fence) store their own records as they are.
+    """
 
-# The two bulk builders below are the hot paths' (write_many, fan-out): one call a batch, the dict literal inline
-# (a call per item cost about 0.12 us of the write path's 4.7 us an item in two paired runs; the bulk form is back
-# at the old cost, within noise).
+    #: The collection this writer stores into (what retries and errors are reported under).
+    collection: ClassVar[Collection]
+    #: Whether a duplicate-key answer to :meth:`store` proves the document is stored. When False, a duplicate may
+    #: also mean that the document the writer chose for it was taken by a concurrent writer: the core reads every
+    #: such copy back (:meth:`stored`) and stores the ones not found again, with ``again=True``.
+    duplicates_prove_stored: ClassVar[bool] = True
 
+    @abc.abstractmethod
+    def documents(self, batch: B) -> list[Any]:
+        """What :meth:`store` sends for each position of *batch* (opaque to the core, which only picks positions)."""
 
-def item_entries(items: Sequence[FeedItem], ids: Iterable[ObjectId]) -> list[Entry]:
-    """The entries of *items*, each under its id from *ids*."""
-    return [{"_id": oid, "data_key": item.data_key, "receiver_id": item.receiver_id, "sender_id": item.sender_id,
-             "event_time": item.event_time, "type": item.type, "data": item.data} for item, oid in zip(items, ids)]
+    @abc.abstractmethod
+    def store(self, cluster: str, documents: Sequence[Any], deadline: float, *, again: bool = False) -> Request:
+        """The request that stores *documents* (an unordered batch answered with an ``InsertOutcome``: one stored
+        already under its id is a duplicate-key write error at its position). *again*: these were answered with a
+        duplicate before and not found stored (see :attr:`duplicates_prove_stored`)."""
 
+    def stored(self, cluster: str, batch: B, positions: Sequence[int],
+               deadline: float) -> Program[dict[int, bool] | Failure]:
+        """Which of *positions* are stored under their ids, each with whether what is stored is the same item."""
+        raise NotImplementedError(f"{type(self).__name__} stores ids derived from what they identify: a duplicate "
+                                  "is present, never read back")
 
-def copy_entries(ids: Iterable[ObjectId], receivers: Iterable[int | str], sender: int | str, event_time: datetime,
-                 kind: int | str, data: Any, data_key: str) -> list[Entry]:
-    """The entries of one post's copies, receiver by receiver (*data* shared by every copy)."""
-    return [{"_id": oid, "data_key": data_key, "receiver_id": receiver, "sender_id": sender, "event_time": event_time,
-             "type": kind, "data": data} for oid, receiver in zip(ids, receivers)]
+    def renamed(self, batch: B, position: int, oid: ObjectId) -> Any:
+        """Give *position* the fresh id *oid* (after a collision with another item); its new document."""
+        raise NotImplementedError(f"{type(self).__name__} never renames")
 
-
-def outside_clause(start: datetime | None, end: datetime | None, *, earliest: str, latest: str) -> dict[str, Any]:
-    """Documents whose *earliest* field is before *start* or whose *latest* field is at or after *end*."""
-    clauses = ([{earliest: {"$lt": start}}] if start is not None else []) + ([{latest: {"$gte": end}}] if end is not None else [])
-    return {} if not clauses else clauses[0] if len(clauses) == 1 else {"$or": clauses}
-
-
-_IDENTITY = ("data_key", "receiver_id", "sender_id", "type")
-
-
-def same_entry(stored: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
-    """Is the entry *stored* (as a layout's :meth:`Layout.looked_up` gives it) *ours* from an earlier attempt, and not
-    another item under the same ``_id``? Same key, receiver, sender, type and millisecond."""
-    if any(stored.get(f) != ours.get(f) for f in _IDENTITY):
-        return False
-    a, b = stored.get("event_time"), ours.get("event_time")
-    return isinstance(a, datetime) and isinstance(b, datetime) and to_millis(a) == to_millis(b)
+    def id_at(self, batch: B, position: int) -> Any:
+        """The id of *position* (for messages)."""
+        raise NotImplementedError(f"{type(self).__name__} names no ids")
 
 
 @attrs.frozen
@@ -131,40 +127,68 @@ class EditSettings:
 Edited = tuple[int, Any]
 
 
-class Layout(abc.ABC):
+class Layout(Writer[CopyBatch]):
     """The stored shape of one period's copies. Subclasses are stateless; one instance serves every cluster.
 
     Example (what the core does with a layout)::
 
         layout = layout_for(timemap, "cluster_3")
-        request = layout.store("cluster_3", entries, deadline)     # Insert or Upserts
+        docs = layout.documents(FanBatch(ids, receivers, sender, t, kind, data, key))
+        request = layout.store("cluster_3", docs, deadline)                 # Insert or Upserts
         inbox = yield from layout.inbox("cluster_3", 7, position, 50, (), deadline)
+
+    A new layout is a subclass and a row of :data:`router.core.layouts.LAYOUTS`: the contract
+    suite (``tests/integration``, parametrized over that table) then runs against it.
     """
 
+    collection: ClassVar[Collection] = "feed"
     #: The name recorded in a period's metadata.
     name: ClassVar[str]
     #: Whether appending a copy updates a document other writers also append to (needs atomic updates).
     needs_atomic_updates: ClassVar[bool] = False
-    #: Whether a duplicate-key answer to :meth:`store` proves the copy is stored. When False, a duplicate may also
-    #: mean that the document the layout chose for it was taken by a concurrent writer: the core reads every such
-    #: copy back (:meth:`lookup`) and stores the ones not found again, with ``again=True``.
-    duplicates_prove_stored: ClassVar[bool] = True
 
     # -- writes ---------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
-        """The request that stores *entries* (an unordered batch answered with an ``InsertOutcome``: a copy already
-        stored under its ``_id`` is a duplicate-key write error at its position). *again*: these entries were
-        answered with a duplicate before and not found stored (see :attr:`duplicates_prove_stored`)."""
+    def documents(self, batch: CopyBatch) -> list[Any]:
+        return batch.documents(self)
 
     @abc.abstractmethod
-    def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
-        """The find that returns the stored copies among *entries*, by ``_id`` (for :meth:`looked_up`)."""
+    def copy_documents(self, copies: Sequence[Copy]) -> list[Any]:
+        """What :meth:`store` sends for each of *copies*."""
+
+    def item_documents(self, items: Sequence[FeedItem], ids: Sequence[ObjectId]) -> list[Any]:
+        """:meth:`copy_documents` of ``write_many``'s *items*, each under the id of its position (a layout builds
+        them in one comprehension: this is the write path's per-item cost)."""
+        return self.copy_documents([Copy(oid, i.receiver_id, i.sender_id, i.event_time, i.type, i.data, i.data_key)
+                                    for i, oid in zip(items, ids)])
+
+    def fan_documents(self, batch: FanBatch) -> list[Any]:
+        """:meth:`copy_documents` of one post's copies (a fan-out batch; its copies share one data object)."""
+        return self.copy_documents([batch.copy(i) for i in range(len(batch.ids))])
 
     @abc.abstractmethod
-    def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
-        """The entries among *ids* found in the answer *docs* to :meth:`lookup` (``data`` may be left out: the
-        core compares what :func:`same_entry` compares)."""
+    def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
+        """The copies stored *documents* of this layout hold (``data`` None where a projection left it out): the
+        mirror of :meth:`copy_documents`, for read-backs and for tools that look at what is stored."""
+
+    @abc.abstractmethod
+    def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:
+        """The copies among *copies* stored under their ids (``data`` may be left None: only the identity,
+        :meth:`~.values.Copy.same_as`, is compared)."""
+
+    def stored(self, cluster: str, batch: CopyBatch, positions: Sequence[int],
+               deadline: float) -> Program[dict[int, bool] | Failure]:
+        ours = {batch.ids[p]: p for p in positions}
+        found = yield from self.find_copies(cluster, [batch.copy(p) for p in positions], deadline)
+        if isinstance(found, Failure):
+            return found
+        return {ours[c.id]: c.same_as(batch.copy(ours[c.id])) for c in found if c.id in ours}
+
+    def renamed(self, batch: CopyBatch, position: int, oid: ObjectId) -> Any:
+        batch.ids[position] = oid
+        return self.copy_documents([batch.copy(position)])[0]
+
+    def id_at(self, batch: CopyBatch, position: int) -> ObjectId:
+        return batch.ids[position]
 
     @abc.abstractmethod
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,

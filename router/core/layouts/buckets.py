@@ -66,7 +66,7 @@ the compound form); and ``{items.data_key}`` for edits.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -78,8 +78,9 @@ from ...errors import BucketsFull
 from ...model import FeedItem
 from ..policy import deadline_in
 from ..steps import Count, Delete, Failure, Find, Program, Request, Update, Upserts
-from .base import EditSettings, Edited, Entry, IndexSpec, Inbox, Layout, outside_clause
-from .copies import DIGEST, chunks, digest, in_steps, item_of
+from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
+from .queries import DIGEST, chunks, digest, in_steps, outside_clause
+from .values import Copy, FanBatch
 
 __all__ = ["Buckets", "MAX_BYTES", "MAX_ITEMS", "READ_AHEAD", "first_bucket"]
 
@@ -113,31 +114,42 @@ def first_bucket(receiver_id: int | str) -> ObjectId:
     return ObjectId(hashlib.blake2b(f"{type(receiver_id).__name__}:{receiver_id}".encode(), digest_size=12).digest())
 
 
-def _item(entry: Entry) -> dict[str, Any]:
-    return {"_id": entry["_id"], "data_key": entry["data_key"], "sender_id": entry["sender_id"],
-            "event_time": entry["event_time"], "type": entry["type"], "data": entry["data"]}
+#: What a bucket layout sends for one copy: its receiver, the copy as a bucket holds it, and that copy's BSON size.
+_Slot = tuple[Any, dict[str, Any], int]
 
 
-def _append(entry: Entry, again: bool, sizes: dict[tuple[Any, ...], int]) -> tuple[dict[str, Any], dict[str, Any]]:
-    item = _item(entry)
-    # A copy's BSON size depends only on these (its _id and event_time have fixed sizes): a fan-out batch, whose copies
-    # share one data object, encodes one of them. (*sizes* lives for one batch, which keeps each data object alive.)
-    sender, kind = entry["sender_id"], entry["type"]
-    shape = (id(entry["data"]), entry["data_key"], sender.__class__, sender, kind.__class__, kind)
-    size = sizes.get(shape)
-    if size is None:
-        size = sizes[shape] = len(bson.encode(item))
-    t = entry["event_time"]
-    receiver = entry["receiver_id"]
+def _slots(rows: Sequence[tuple[ObjectId, Any, Any, datetime, Any, Any, str]]) -> list[_Slot]:
+    """The slots of copies given as ``(id, receiver, sender, event_time, type, data, data_key)`` rows."""
+    out: list[_Slot] = []
+    sizes: dict[tuple[Any, ...], int] = {}  # lives for one batch, which keeps each data object alive
+    for oid, receiver, sender, t, kind, data, key in rows:
+        item = {"_id": oid, "data_key": key, "sender_id": sender, "event_time": t, "type": kind, "data": data}
+        # A copy's BSON size depends only on these (its _id and event_time have fixed sizes).
+        shape = (id(data), key, sender.__class__, sender, kind.__class__, kind)
+        size = sizes.get(shape)
+        if size is None:
+            size = sizes[shape] = len(bson.encode(item))
+        out.append((receiver, item, size))
+    return out
+
+
+def _append(slot: _Slot, again: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    receiver, item, size = slot
+    t = item["event_time"]
     # "Not already holding this copy or its key" as $nor, not $ne: with $ne on an indexed array path DocumentDB may
     # plan a BitmapAnd over the RUM indexes, which crashes its backend under concurrent appends (docs/servers.md).
     match = {"receiver_id": receiver, "count": {"$lt": MAX_ITEMS}, "bytes": {"$lte": MAX_BYTES - size},
-             "$nor": [{"items._id": entry["_id"]}, {"items.data_key": entry["data_key"]}]}
+             "$nor": [{"items._id": item["_id"]}, {"items.data_key": item["data_key"]}]}
     update: dict[str, Any] = {"$push": {"items": item}, "$inc": {"count": 1, "bytes": size}, "$max": {"newest": t},
                               "$min": {"oldest": t}}
     if not again:
         update["$setOnInsert"] = {"_id": first_bucket(receiver)}
     return match, update
+
+
+def _item(doc: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
+    return FeedItem(receiver_id=receiver_id, sender_id=doc["sender_id"], event_time=doc["event_time"], type=doc["type"],
+                    data=doc["data"], data_key=doc["data_key"], id=doc["_id"])
 
 
 def _data_size(data: Mapping[str, Any]) -> int:
@@ -215,19 +227,39 @@ class Buckets(Layout):
     duplicates_prove_stored: ClassVar[bool] = False
 
     # -- writes ---------------------------------------------------------------------------------
-    def store(self, cluster: str, entries: Sequence[Entry], deadline: float, *, again: bool = False) -> Request:
-        sizes: dict[tuple[Any, ...], int] = {}
-        return Upserts(cluster, "feed", [_append(e, again, sizes) for e in entries], deadline)
+    def copy_documents(self, copies: Sequence[Copy]) -> list[Any]:
+        return _slots([(c.id, c.receiver_id, c.sender_id, c.event_time, c.type, c.data, c.data_key) for c in copies])
 
-    def lookup(self, cluster: str, entries: Sequence[Entry], deadline: float) -> Find:
-        receivers = list({e["receiver_id"]: None for e in entries})
-        return Find(cluster, "feed", {"receiver_id": {"$in": receivers}, "items._id": {"$in": [e["_id"] for e in entries]}},
-                    deadline, projection=_IDENTITY)
+    def item_documents(self, items: Sequence[FeedItem], ids: Sequence[ObjectId]) -> list[Any]:
+        return _slots([(oid, i.receiver_id, i.sender_id, i.event_time, i.type, i.data, i.data_key)
+                       for i, oid in zip(items, ids)])
 
-    def looked_up(self, docs: Sequence[Mapping[str, Any]], ids: Sequence[ObjectId]) -> list[Entry]:
-        wanted = set(ids)
-        return [{**item, "receiver_id": doc["receiver_id"]} for doc in docs for item in doc.get("items", ())
-                if item.get("_id") in wanted]
+    def fan_documents(self, batch: FanBatch) -> list[Any]:
+        # Every copy of a post has the same size (one data object, key, sender and type): encoded once.
+        sender, t, kind, data, key = batch.sender_id, batch.event_time, batch.type, batch.data, batch.data_key
+        size = 0
+        out: list[_Slot] = []
+        for oid, receiver in zip(batch.ids, batch.receivers):
+            item = {"_id": oid, "data_key": key, "sender_id": sender, "event_time": t, "type": kind, "data": data}
+            if not size:
+                size = len(bson.encode(item))
+            out.append((receiver, item, size))
+        return out
+
+    def store(self, cluster: str, documents: Sequence[Any], deadline: float, *, again: bool = False) -> Request:
+        return Upserts(cluster, "feed", [_append(slot, again) for slot in documents], deadline)
+
+    def find_copies(self, cluster: str, copies: Sequence[Copy], deadline: float) -> Program[list[Copy] | Failure]:
+        # By id alone, whatever the receiver: a duplicate may be another receiver's copy under the same id (a drawn id
+        # that collided), which the unique copy_id index refuses too; read back under our receiver only, it would look
+        # absent and be sent again, forever. (A rare path: only duplicates are read back.)
+        wanted = {c.id: None for c in copies}
+        docs = yield Find(cluster, "feed", {"items._id": {"$in": list(wanted)}}, deadline, projection=_IDENTITY)
+        return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
+
+    def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
+        return [Copy(i["_id"], doc["receiver_id"], i["sender_id"], i["event_time"], i["type"], i.get("data"),
+                     i["data_key"]) for doc in documents for i in doc.get("items", ())]
 
     def fix(self, cluster: str, data_key: str, ids: Sequence[ObjectId], data: Mapping[str, Any] | None,
             deadline: float) -> list[Request]:
@@ -261,7 +293,7 @@ class Buckets(Layout):
                 for item in doc.get("items", ()):
                     t, oid = item["event_time"], item["_id"]
                     if (bound is None or _key(t, oid) < bound) and (not wanted or item["type"] in wanted):
-                        found.append((t, oid, item_of(item, receiver_id)))
+                        found.append((t, oid, _item(item, receiver_id)))
             found.sort(key=lambda e: _key(e[0], e[1]), reverse=True)
             if len(docs) < READ_AHEAD:  # every bucket read
                 return Inbox(found[:need], len(found) > need)
@@ -358,7 +390,7 @@ class Buckets(Layout):
                 return docs
             for doc in docs:
                 read.append(doc["_id"])
-                found.extend((i["event_time"], i["_id"], item_of(i, receiver_id)) for i in doc.get("items", ())
+                found.extend((i["event_time"], i["_id"], _item(i, receiver_id)) for i in doc.get("items", ())
                              if bound is None or _key(i["event_time"], i["_id"]) > bound)
             found.sort(key=lambda e: _key(e[0], e[1]))
             if len(docs) < READ_AHEAD:
@@ -378,7 +410,7 @@ class Buckets(Layout):
         if isinstance(docs, Failure):
             return docs
         items = [i for d in docs for i in d.get("items", ()) if i.get("data_key") == data_key and i.get("sender_id") == sender_id]
-        return item_of(items[0], docs[0]["receiver_id"]) if items else None
+        return _item(items[0], docs[0]["receiver_id"]) if items else None
 
     # -- operators ------------------------------------------------------------------------------
     def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:

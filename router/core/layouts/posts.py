@@ -19,9 +19,10 @@ then by the copies' own ``data_key`` index. Its writers:
 * a fan-out job, once per run, before its first batch (:func:`router.core.checkpoint.start_job`);
 * ``publish``, with the outbox entry (:func:`router.core.social.store_outbox`).
 
-A pair stored twice is one document (its ``_id`` is the pair, length-prefixed and tagged
-like a copy's key in :mod:`router.ids`, so injective): reruns and concurrent writers
-register nothing twice. Posts stored before the registry existed are registered by
+The core hands it :class:`Registered` values and gets them back; only this module builds or
+reads a registry document. A pair stored twice is one document (its ``_id`` is the pair,
+length-prefixed and tagged like a copy's key in :mod:`router.ids`, so injective): reruns
+and concurrent writers register nothing twice. Posts stored before the registry existed are registered by
 migration 0006, by one scan of each period's feed and outbox.
 """
 
@@ -29,11 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
-from ..steps import Collection, Delete, Find, Request
+import attrs
 
-__all__ = ["POSTS", "entry", "entry_id", "fix", "keys_of", "of_copies", "position_of", "registered", "registered_keys",
+from ...model import FeedItem
+from ..steps import Collection, Delete, Failure, Find, Insert, Program, Request
+from .base import Writer
+
+__all__ = ["POSTS", "REGISTRY", "Registered", "Registry", "entry_id", "fix", "of_items", "registered", "registered_keys",
            "remove"]
 
 #: The collection, in every cluster, that registers each sender's posts.
@@ -48,49 +53,76 @@ def entry_id(sender_id: int | str, data_key: str) -> str:
     return f"{len(data_key)}:{data_key}{tag}{sender_id}"
 
 
-def entry(sender_id: int | str, data_key: str, event_time: datetime) -> dict[str, Any]:
-    """The registry document of one post."""
-    return {"_id": entry_id(sender_id, data_key), "sender_id": sender_id, "data_key": data_key, "event_time": event_time}
+@attrs.frozen(slots=True)
+class Registered:
+    """One post in the registry: who sent it, its ``data_key`` and its time (where it sorts among its sender's)."""
+
+    sender_id: int | str
+    data_key: str
+    event_time: datetime
+
+    @property
+    def id(self) -> str:
+        """The registry entry's id (:func:`entry_id`)."""
+        return entry_id(self.sender_id, self.data_key)
 
 
-def of_copies(positions: Iterable[int], copies: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
-    """The registry documents of the posts of *copies* (entries, as the core builds them), one per distinct pair,
-    and the *positions* of the copies each one registers."""
+def _document(post: Registered) -> dict[str, Any]:
+    return {"_id": post.id, "sender_id": post.sender_id, "data_key": post.data_key, "event_time": post.event_time}
+
+
+def _registered(doc: Mapping[str, Any]) -> Registered:
+    return Registered(doc["sender_id"], doc["data_key"], doc["event_time"])
+
+
+class Registry(Writer[Sequence[Registered]]):
+    """The writer of registry entries (ids derived from the pair: a duplicate is the same post, registered before)."""
+
+    collection: ClassVar[Collection] = POSTS
+
+    def documents(self, batch: Sequence[Registered]) -> list[Any]:
+        return [_document(p) for p in batch]
+
+    def store(self, cluster: str, documents: Sequence[Any], deadline: float, *, again: bool = False) -> Request:
+        return Insert(cluster, POSTS, documents, deadline)
+
+    def id_at(self, batch: Sequence[Registered], position: int) -> str:
+        return batch[position].id
+
+
+#: The registry's writer (stateless).
+REGISTRY = Registry()
+
+
+def of_items(positions: Iterable[int], items: Iterable[FeedItem]) -> tuple[list[Registered], dict[str, list[int]]]:
+    """The posts of *items* (``write_many``'s), one per distinct pair, and the *positions* of the items each one
+    registers."""
     owners: dict[str, list[int]] = {}
-    docs: list[dict[str, Any]] = []
-    for position, copy in zip(positions, copies):
-        key = entry_id(copy["sender_id"], copy["data_key"])
+    found: list[Registered] = []
+    for position, item in zip(positions, items):
+        key = entry_id(item.sender_id, item.data_key)
         mine = owners.get(key)
-        if mine is None:
+        if mine is None:  # (a value per post, not per item: write_many's hot path)
             owners[key] = mine = []
-            docs.append({"_id": key, "sender_id": copy["sender_id"], "data_key": copy["data_key"],
-                         "event_time": copy["event_time"]})
+            found.append(Registered(item.sender_id, item.data_key, item.event_time))
         mine.append(position)
-    return docs, owners
+    return found, owners
 
 
 def registered(cluster: str, sender_id: int | str, deadline: float, *, limit: int,
-               after: tuple[datetime, str] | None = None) -> Find:
-    """Up to *limit* of *sender_id*'s registry entries, oldest first, after *after* (:func:`position_of` one)."""
+               after: Registered | None = None) -> Program[list[Registered] | Failure]:
+    """Up to *limit* of *sender_id*'s posts, oldest first, after *after* (one of them)."""
     match: dict[str, Any] = {"sender_id": sender_id}
     if after is not None:
-        match["$or"] = [{"event_time": {"$gt": after[0]}}, {"event_time": after[0], "_id": {"$gt": after[1]}}]
-    return Find(cluster, POSTS, match, deadline, sort=_OLDEST_FIRST, limit=limit)
+        match["$or"] = [{"event_time": {"$gt": after.event_time}}, {"event_time": after.event_time, "_id": {"$gt": after.id}}]
+    docs = yield Find(cluster, POSTS, match, deadline, sort=_OLDEST_FIRST, limit=limit)
+    return docs if isinstance(docs, Failure) else [_registered(d) for d in docs]
 
 
-def position_of(doc: Mapping[str, Any]) -> tuple[datetime, str]:
-    """Where a registry entry sorts among its sender's (what :func:`registered` goes on after)."""
-    return doc["event_time"], doc["_id"]
-
-
-def registered_keys(cluster: str, sender_id: int | str, deadline: float, *, limit: int) -> Find:
-    """Up to *limit* of *sender_id*'s registry entries, in no order (an erasure removes what it read)."""
-    return Find(cluster, POSTS, {"sender_id": sender_id}, deadline, limit=limit, projection={"_id": 0, "data_key": 1})
-
-
-def keys_of(docs: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The ``data_key``\\ s of registry (or outbox) documents, as read."""
-    return [doc["data_key"] for doc in docs if isinstance(doc.get("data_key"), str)]
+def registered_keys(cluster: str, sender_id: int | str, deadline: float, *, limit: int) -> Program[list[str] | Failure]:
+    """Up to *limit* of *sender_id*'s posts' ``data_key``\\ s, in no order (an erasure removes what it read)."""
+    docs = yield Find(cluster, POSTS, {"sender_id": sender_id}, deadline, limit=limit, projection={"_id": 0, "data_key": 1})
+    return docs if isinstance(docs, Failure) else [d["data_key"] for d in docs if isinstance(d.get("data_key"), str)]
 
 
 def remove(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: float) -> Delete:
@@ -101,6 +133,6 @@ def remove(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: fl
 def fix(cluster: str, data_key: str, ids: Sequence[Any], data: Mapping[str, Any] | None, deadline: float) -> list[Request]:
     """The requests that remove the registry entries *ids* of *data_key* (an update changes nothing here: the
     registry holds no data)."""
-    if data is not None:
-        return []
-    return [Delete(cluster, POSTS, {"data_key": data_key, "_id": {"$in": list(ids)}}, deadline)]
+    if data is None:
+        return [Delete(cluster, POSTS, {"data_key": data_key, "_id": {"$in": list(ids)}}, deadline)]
+    return []
