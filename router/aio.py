@@ -431,17 +431,50 @@ class AsyncFeedRouter(AsyncDoorBase):
     # -- a user's data ------------------------------------------------------------------
 
     async def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
-        """Remove everything *user_id* sent and everything addressed to them, from every cluster (see
-        ``FeedRouter.erase_user``)."""
+        """Remove everything *user_id* sent and everything addressed to them, from every cluster; return the counts.
+
+        Example::
+
+            result = await feeds.erase_user(1000765, requested_by="support ticket 4411")
+            result.totals["feed_sent"]          # copies of their posts removed, every cluster
+
+        Each cluster gets the erasure's record first (the user's keyed hash, never the id;
+        who asked, when, and at the end the counts), which every fan-out batch, Celery task,
+        backfill and publish reads after writing, so nothing still running leaves a copy.
+        Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
+        """
         return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by))
 
     async def erasure_status(self, user_id: int | str) -> ErasureStatus:
-        """*user_id*'s erasure records in every cluster (see ``FeedRouter.erasure_status``)."""
+        """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
+
+        Example::
+
+            status = await feeds.erasure_status(1000765)
+            status.finished                     # every cluster with a record has a done one at or after it
+
+        A record holds the user's keyed hash, never the id. Raises :class:`InvalidItem` for a
+        bad id, :class:`ClusterUnavailable` when a cluster cannot be read.
+        """
         return await self._run("erasure_status", lambda v: calls.erasure_status(v, user_id))
 
     async def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
-        """Write what the router holds about *user_id* into the folder *out* (see ``FeedRouter.export_user``); the
-        files are written from the event loop, a buffered line at a time."""
+        """Write what the router holds about *user_id* (posts sent, items received, seen markers) into the existing,
+        empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each file's SHA-256.
+
+        Example::
+
+            exported = await feeds.export_user(1000765, "/srv/exports/1000765")
+            exported.counts                     # {'sent': 8, 'received': 9, 'seen': 1}
+
+        Each line is a value of this API (an :class:`Activity` sent, a :class:`FeedItem`
+        received, a seen marker), field by field, with the period it was read from. Raises
+        :class:`InvalidItem` for a bad id or an *out* that is not an empty folder, and
+        :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
+        removed).
+
+        On this door the files are written from the event loop, a buffered line at a time.
+        """
         self._on_loop("export_user")
         folder = ExportFolder(out, user_id=calls.user(user_id))
         try:

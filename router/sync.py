@@ -470,12 +470,33 @@ class FeedRouter:
         return self._run("erase_user", calls.erase_user(self._view(), user_id, requested_by=requested_by))
 
     def erasure_status(self, user_id: int | str) -> ErasureStatus:
-        """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished."""
+        """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
+
+        Example::
+
+            status = feeds.erasure_status(1000765)
+            status.finished                     # every cluster with a record has a done one at or after it
+
+        A record holds the user's keyed hash, never the id. Raises :class:`InvalidItem` for a
+        bad id, :class:`ClusterUnavailable` when a cluster cannot be read.
+        """
         return self._run("erasure_status", calls.erasure_status(self._view(), user_id))
 
     def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
         """Write what the router holds about *user_id* (posts sent, items received, seen markers) into the existing,
-        empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each file's SHA-256."""
+        empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each file's SHA-256.
+
+        Example::
+
+            exported = feeds.export_user(1000765, "/srv/exports/1000765")
+            exported.counts                     # {'sent': 8, 'received': 9, 'seen': 1}
+
+        Each line is a value of this API (an :class:`Activity` sent, a :class:`FeedItem`
+        received, a seen marker), field by field, with the period it was read from. Raises
+        :class:`InvalidItem` for a bad id or an *out* that is not an empty folder, and
+        :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
+        removed).
+        """
         folder = ExportFolder(out, user_id=calls.user(user_id))
         try:
             summary = self._run("export_user", calls.export_user(self._view(), user_id, folder))
