@@ -71,8 +71,8 @@ def populate(router: Any) -> Model:
                            data={"post": i, "how": "direct"}, data_key=data_key("erase-direct", i)) for j in range(5)]
         router.write_many(direct)
         for a in (post, pulled, direct[0]):
-            model.sent.append({"data_key": a.data_key, "event_time": a.event_time, "type": a.type, "data": a.data,
-                               "period": period})
+            model.sent.append({"sender_id": USER, "event_time": a.event_time, "type": a.type, "data": a.data,
+                               "data_key": a.data_key, "period": period})
         other = Activity(sender_id=PUSHER, event_time=at(start, i, 3), type=1, data={"from": "pusher", "n": i},
                          data_key=data_key("erase-other", i))
         router.publish(other, [USER, 2, 3], pull=False)
@@ -83,8 +83,8 @@ def populate(router: Any) -> Model:
                             data_key=data_key("erase-author", i))
         router.publish(followed, [], pull=True)
         for a in (other, letter, followed):
-            model.received.append({"sender_id": a.sender_id, "event_time": a.event_time, "type": a.type, "data": a.data,
-                                   "data_key": a.data_key, "period": period})
+            model.received.append({"receiver_id": USER, "sender_id": a.sender_id, "event_time": a.event_time,
+                                   "type": a.type, "data": a.data, "data_key": a.data_key, "period": period})
     router.backfill(USER, [AUTHOR])  # the author's three posts into the user's feed
     edited = {"post": 1, "how": "pushed", "edited": True}
     router.update(pushed[1].data_key, edited)  # an edit record holding the post's data
