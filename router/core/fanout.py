@@ -38,7 +38,7 @@ from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
 from ..model import Activity, to_millis, to_utc
 from ..observe import Event
-from .checkpoint import admit_batch, check_batch, record_batch
+from .checkpoint import admit_batch, check_batch, drop_checkpoint, record_batch
 from .checks import check_activity, receiver_problem
 from .fence import NEVER, Fence, Parties, settle
 from .jobs import (
@@ -153,9 +153,11 @@ def batch_program(
     the fence is read (:func:`~router.core.fence.settle`): copies of a post deleted
     meanwhile are removed again and the batch is not recorded. With *pseudonyms* (every
     engine passes the router's) the erasure records are read at the same time: copies of a
-    post whose sender was erased are removed again (the fence says :data:`~router.core.fence.ERASED`),
-    and so are the copies of erased receivers, counted ``skipped``. The batch gets
-    ``timeout`` seconds, retries included.
+    post whose sender was erased are removed again (the fence says :data:`~router.core.fence.ERASED`)
+    and so is the job's checkpoint (when *record*), and the copies of erased receivers are
+    removed again, counted ``skipped``. So no engine handles an erasure itself: a run stops
+    at such a batch (:meth:`~router.core.tally.RunState.add`, read by the run loop). The
+    batch gets ``timeout`` seconds, retries included.
 
     A batch the job cannot have raises :class:`~router.errors.InvalidBatch` before
     anything is written. With *admit* (a batch that comes from elsewhere, e.g. a Celery
@@ -167,8 +169,9 @@ def batch_program(
     else:
         check_batch(job, number, first, len(receivers))
     if known.deleted:
-        return BatchOutcome(number=number, receivers=len(receivers), written=0, already_present=0, skipped=0,
+        gone = BatchOutcome(number=number, receivers=len(receivers), written=0, already_present=0, skipped=0,
                             failed_receivers=(), invalid=0, errors=(), fence=known)
+        return (yield from _forget_job(job, gone, timeout)) if record and known.erased else gone
     valid: list[int | str] = []
     invalid: list[RouterError] = []
     skipped = 0
@@ -227,11 +230,20 @@ def batch_program(
     if invalid:
         log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0],
                     extra=job.log_extra)
+    if record and fence is not None and fence.erased:
+        return (yield from _forget_job(job, outcome, timeout))
     if record and not (fence is not None and fence.deleted):
         trouble = yield from record_batch(job, outcome, timeout)
         if trouble is not None:
             outcome = attrs.evolve(outcome, errors=outcome.errors + (trouble,))
     return outcome
+
+
+def _forget_job(job: FanOutJob, outcome: BatchOutcome, timeout: float) -> Program[BatchOutcome]:
+    """A batch that found its post's sender erased removes the job's checkpoint, whichever engine runs it (a run's
+    batch, a Celery task): nothing of the post stays. (A run removes it again when it ends, after its last batch.)"""
+    trouble = yield from drop_checkpoint(job, timeout=timeout)
+    return outcome if trouble is None else attrs.evolve(outcome, errors=outcome.errors + (trouble,))
 
 
 def _without(erased: frozenset[int | str], valid: Sequence[Any], result: InsertResult, written: int, already: int,

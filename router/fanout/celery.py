@@ -83,7 +83,6 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.checkpoint import drop_checkpoint
 from ..core.checks import receiver_problem
 from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
 from ..core.fence import NEVER, FenceMemo
@@ -332,14 +331,9 @@ def write_batch(
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {exc}") from exc
     if fences is not None:
         fences.learn(key, outcome.fence)
-    if outcome.fence is not None and outcome.fence.erased:  # nothing of an erased sender's post stays
-        log.info("fan-out %r: batch %d: its sender was erased; nothing of it is kept", fanout.job_id, number,
-                 extra=fanout.log_extra)
-        clusters.run(drop_checkpoint(fanout, timeout=settings.timeout))
-        return outcome
-    if outcome.fence is not None and outcome.fence.deleted:
-        log.info("fan-out %r: batch %d: its post was deleted; nothing of it is kept", fanout.job_id, number,
-                 extra=fanout.log_extra)
+    if outcome.fence is not None and outcome.fence.deleted:  # (an erased sender's: its checkpoint went too)
+        log.info("fan-out %r: batch %d: its %s; nothing of it is kept", fanout.job_id, number,
+                 "sender was erased" if outcome.fence.erased else "post was deleted", extra=fanout.log_extra)
         return outcome
     trouble: RouterError | None = outcome.stopped.error if outcome.stopped is not None else None
     if trouble is None:  # a copy left in doubt by the cluster, or the record not saved: worth another try
