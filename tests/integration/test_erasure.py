@@ -23,7 +23,7 @@ import attrs
 import pytest
 from bson import ObjectId
 
-from router import Activity, FeedItem, FeedRouter, InvalidItem, RouterConfig, data_key
+from router import Activity, FeedItem, InvalidItem, RouterConfig, data_key
 from router.admin.migrate import MIGRATIONS_COLLECTION, discover, migrate_cluster
 from router.admin.status import check_report
 from router.cli import main
