@@ -19,6 +19,7 @@ from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
 from .core.erasure import ErasureResult, ErasureStatus
+from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
@@ -32,6 +33,7 @@ from .errors import (
     ErasureFailed,
     FanOutConflict,
     FanOutFailed,
+    GroupsUnsupported,
     InvalidBatch,
     InvalidCursor,
     InvalidItem,
@@ -85,6 +87,10 @@ __all__ = [
     "FanOutResult",
     "FeedItem",
     "FeedRouter",
+    "Group",
+    "GroupBy",
+    "GroupPage",
+    "GroupsUnsupported",
     "InvalidBatch",
     "InvalidCursor",
     "InvalidItem",
@@ -109,6 +115,7 @@ __all__ = [
     "StaleMetadata",
     "TimeMap",
     "Unseen",
+    "UnseenGroups",
     "UpdateFailed",
     "WriteFailed",
     "WrongEventLoop",

@@ -32,6 +32,7 @@ from .core.checkpoint import JobStatus
 from .core.erasure import ErasureResult, ErasureStatus
 from .core.fanout import FanOutJob
 from .core.routing import Routing
+from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult
@@ -274,6 +275,64 @@ class AsyncFeedRouter(AsyncDoorBase):
         pulled senders' outbox posts count too, each post once.
         """
         return await self._run("unseen_count", lambda v: calls.unseen_count(v, receiver_id, cap=cap, pull=pull))
+
+    # -- aggregated notifications ------------------------------------------------------
+
+    async def read_groups(
+        self, receiver_id: int | str, *, key: GroupBy | str | None = None, limit: int = 20, newest: int = 3,
+        cursor: str | None = None, pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
+    ) -> GroupPage:
+        """A page of *receiver_id*'s notifications as groups ("Alice and 3 others liked your post"), newest first.
+
+        Example::
+
+            page = await feeds.read_groups(7, limit=20)                  # type + data.target, per UTC day
+            for g in page.groups:
+                print(g.actors[0], g.others, g.values, g.count, g.seen, g.read)
+            await feeds.mark_read(7, [page.groups[0]])
+
+        *key* is a :class:`GroupBy` (or its text, ``"type,data.target/1d"``); each group carries
+        exact item and distinct-actor counts (counted on the server, never by reading its items),
+        the newest item of each of its *newest* newest actors, its first and last time, and
+        ``seen``/``read``. Pass ``next_cursor`` for the next page: every group once per walk; a
+        group that gets a new item meanwhile is not served again (it leads the next walk).
+        *pull* and *types* work as in :meth:`read`. Raises :class:`ClusterUnavailable` for a
+        cluster the page needs.
+        """
+        return await self._run("read_groups", lambda v: calls.read_groups(
+            v, receiver_id, key=key, limit=limit, newest=newest, cursor=cursor, pull=pull, types=types))
+
+    async def mark_read(self, receiver_id: int | str, groups: Iterable[Group | str] | Literal["all"]) -> int:
+        """Mark *groups* read (``Group`` values from a page, their keys, or ``"all"``); returns how many marks.
+
+        Example::
+
+            page = await feeds.read_groups(7)
+            await feeds.mark_read(7, [page.groups[0]])         # opened: bold until a newer item arrives
+            await feeds.mark_read(7, "all")                    # "mark all as read"
+
+        A group passed as a value is read through its newest item (a newer item makes it unread
+        again); a key or ``"all"`` marks through now. Marks are inserted, never updated, so two
+        devices marking at once lose nothing, on every supported server.
+        """
+        return await self._run("mark_read", lambda v: calls.mark_read(v, receiver_id, groups))
+
+    async def unseen_groups(
+        self, receiver_id: int | str, *, cap: int = 99, key: GroupBy | str | None = None,
+        pull: Sequence[int | str] | None = None, types: Sequence[int | str] | None = None,
+    ) -> UnseenGroups:
+        """How many groups have an item newer than the seen marker, stopping past *cap* (the badge: "99+").
+
+        Example::
+
+            badge = await feeds.unseen_groups(7, cap=99)
+            label = f"{badge.count}+" if badge.capped else str(badge.count)
+
+        Asks the newest cluster first and never one older than the marker; *key*, *pull* and
+        *types* as in :meth:`read_groups`.
+        """
+        return await self._run("unseen_groups", lambda v: calls.unseen_groups(
+            v, receiver_id, cap=cap, key=key, pull=pull, types=types))
 
     # -- edits -------------------------------------------------------------------------
 

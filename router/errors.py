@@ -14,6 +14,7 @@ import attrs
 
 __all__ = [
     "RouterError",
+    "GroupsUnsupported",
     "ConfigError",
     "ConfigProblem",
     "MetadataError",
@@ -102,6 +103,17 @@ class UnknownLayout(MetadataError):
         RouterError.__init__(self, f"cluster {cluster!r}: its period's layout {layout!r:.80} is not one this router knows "
                                    f"({', '.join(known)}); upgrade feed-router to use this cluster")
         self.problems = [str(self)]
+
+
+class GroupsUnsupported(RouterError):
+    """Raised by ``read_groups`` and ``unseen_groups`` when a cluster's server cannot group on the server (FerretDB v1
+    implements none of ``$max``, ``$ifNull``, ``$push``, ``$topN`` in ``aggregate``): ``cluster`` names it. Grouped
+    reads need MongoDB, FerretDB 2 or mongo-java-server; ``mark_read`` works everywhere."""
+
+    def __init__(self, cluster: str, answer: str) -> None:
+        self.cluster = cluster
+        super().__init__(f"cluster {cluster!r}: grouped reads need a server that groups in aggregate ($max, $ifNull, "
+                         f"$topN or $push: MongoDB, FerretDB 2, mongo-java-server); this one refused: {answer}")
 
 
 class NoClusterForTime(RouterError, LookupError):

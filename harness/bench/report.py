@@ -24,6 +24,7 @@ from .doors import bench_doors
 from .edits import bench_big_edits, bench_delete
 from .erase import bench_erase, bench_registry, bench_sender_index
 from .feedsize import bench_feed_size
+from .groups import bench_groups
 from .fanout import bench_fanout, bench_fanout_memory
 from .layouts import bench_layouts
 from .notify import bench_type_index, bench_unseen
@@ -47,7 +48,7 @@ def _chart(results: list[Result], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "chart skipped: matplotlib is not installed (pip install 'feed-router[bench]')"
-    shown = [r for r in results if r.ratios and r.judged and not r.name.startswith(("scale_", "layout_", "sparse_")) and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index")]
+    shown = [r for r in results if r.ratios and r.judged and not r.name.startswith(("scale_", "layout_", "sparse_")) and r.name not in ("commands_per_page", "fanout_memory", "pull_pages", "type_index", "groups_page_requests")]
     if not shown:
         return "chart skipped: no ratio measured in this run"
     fig, ax = plt.subplots(figsize=(8, 3.2 + 0.35 * len(shown)))
@@ -118,6 +119,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("celery_scaling", lambda: bench_celery_scaling(servers, *s.celery)),
             ("unseen_count", lambda: bench_unseen(servers, s.reps, s.reads)),
             ("type_index", lambda: bench_type_index(servers, s.writes, s.reps, s.reads)),
+            ("groups", lambda: bench_groups(servers, big=s.group, reps=s.reps, rounds=7 if size == "full" else 3)),
             ("scale", lambda: bench_scale(servers, SCALE_SIZES if size == "full" else SMALL_SCALE_SIZES)),
             ("sparse_pages", lambda: bench_sparse(servers, SPARSE_SIZES if size == "full" else SMALL_SPARSE_SIZES, s.reps)),
             ("layouts", lambda: bench_layouts(servers[-1], items=s.layouts[0], receivers=s.layouts[1], fanout=s.layouts[2],

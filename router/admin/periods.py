@@ -33,8 +33,9 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import attrs
 import pymongo
@@ -82,13 +83,18 @@ class PeriodChange:
 
 
 #: The collections besides the feed whose documents live in the cluster that owns their ``event_time``: pulled
-#: posts (``outbox``), seen markers (``seen``, :mod:`router.core.seen`) and fan-out jobs (``fanouts``). The feed is
-#: counted by its layout. Every close and every new period counts them all: a seen marker left past its cluster's
-#: end would be read as the receiver's marker while newer clusters' items counted as unseen, and a new mark there
-#: would move it backwards; a pulled post there would never be read again.
+#: posts (``outbox``), seen markers (``seen``, :mod:`router.core.seen`) and fan-out jobs (``fanouts``); the read
+#: marks of groups in ``seen`` are placed by their ``read_time`` (:func:`~router.core.seen.outside`). The
+#: feed is counted by its layout. Every close and every new period counts them all: a seen marker left past its
+#: cluster's end would be read as the receiver's marker while newer clusters' items counted as unseen, and a new mark
+#: there would move it backwards; a read mark there would be looked for in another cluster; a pulled post there
+#: would never be read again.
 TIME_PLACED = ("outbox", "seen", "fanouts")
-#: How each collection of :data:`TIME_PLACED` finds its documents outside a period (its own module knows its fields).
-_OUTSIDE = {"outbox": outbox.outside, "seen": seen.outside, "fanouts": checkpoint.outside}
+#: How each collection of :data:`TIME_PLACED` finds its documents outside a period (its own module knows its fields):
+#: filters, each with the field that gives its documents' time (``seen`` holds two kinds, placed by two fields).
+_OUTSIDE: dict[str, Callable[[datetime | None, datetime | None], list[tuple[dict[str, Any], str]]]] = {
+    "outbox": lambda start, end: [outbox.outside(start, end)], "seen": seen.outside,
+    "fanouts": lambda start, end: [checkpoint.outside(start, end)]}
 
 
 @attrs.frozen
@@ -115,9 +121,10 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
     cluster = clusters[name]
     feed_query, feed_newest = LAYOUTS[layout].outside(start, end)
     asked = [("feed", cluster.feed, feed_query, feed_newest)] + [
-        (collection, cluster.db[collection], *_OUTSIDE[collection](start, end)) for collection in TIME_PLACED
+        (collection, cluster.db[collection], query, newest) for collection in TIME_PLACED
+        for query, newest in _OUTSIDE[collection](start, end)
     ]
-    counts: list[tuple[str, int]] = []
+    counts: dict[str, int] = {}
     latest: datetime | None = None
     try:
         # An admin check, run rarely, that may scan a whole cluster (no index starts with event_time,
@@ -127,14 +134,14 @@ def stored_outside(clusters: Clusters, name: str, start: datetime | None, end: d
                 count = coll.count_documents(query)
                 if not count:
                     continue
-                counts.append((collection, count))
+                counts[collection] = counts.get(collection, 0) + count
                 doc = coll.find_one(query, sort=[(newest, -1)], projection={newest: 1})
                 when = doc.get(newest) if doc else None
                 if isinstance(when, datetime) and (latest is None or when > latest):
                     latest = when
     except PyMongoError as exc:
         raise cluster.error(exc, doing="counting stored documents") from exc
-    return Outside(tuple(counts), latest)
+    return Outside(tuple(counts.items()), latest)
 
 
 def _stranding(found: Outside) -> str:

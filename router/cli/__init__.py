@@ -28,6 +28,7 @@ from ..storage.capabilities import Capabilities
 from ..config import RouterConfig, load_config
 from ..core.checkpoint import JobStatus
 from ..core.erasure import COUNTED
+from ..core.groups import DEFAULT_GROUP_BY
 from ..errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
 from ..storage.clusters import Clusters
 from ..timemap import format_period
@@ -378,6 +379,42 @@ def _cmd_export(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
+def _group_json(g: Any) -> dict[str, Any]:
+    return {"key": g.key, "values": [_plain(v) for v in g.values], "window_start": g.window_start.isoformat(),
+            "count": g.count, "actor_count": g.actor_count, "actors": [_plain(a) for a in g.actors],
+            "shown": [str(i.id) for i in g.items], "first_time": g.first_time.isoformat(),
+            "last_time": g.last_time.isoformat(), "seen": g.seen, "read": g.read}
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+
+
+def _cmd_groups(args: argparse.Namespace, config: RouterConfig) -> int:
+    from ..errors import InvalidCursor
+    from ..sync import FeedRouter
+
+    with FeedRouter(config, refresh=False) as router:
+        try:
+            page = router.read_groups(args.receiver, key=args.key, limit=args.limit, cursor=args.cursor, pull=args.pull)
+        except InvalidCursor as exc:
+            raise _UsageError(f"--cursor: {exc}") from None
+        badge = router.unseen_groups(args.receiver, key=args.key, pull=args.pull)
+    lines = [f"receiver {args.receiver!r}: {len(page.groups)} groups"
+             f"{'' if page.next_cursor is None else ' (more: --cursor ' + page.next_cursor + ')'}; "
+             f"{badge.count}{'+' if badge.capped else ''} unseen groups"]
+    for g in page.groups:
+        fields = ", ".join(f"{f}={v!r}" for f, v in zip((args.key or DEFAULT_GROUP_BY).fields, g.values))
+        actors = ", ".join(repr(a) for a in g.actors)
+        lines.append(f"  {g.last_time.isoformat()}  {fields} from {g.window_start.isoformat()}: {g.count} items from "
+                     f"{g.actor_count} actors (newest: {actors}); first {g.first_time.isoformat()}; "
+                     f"{'seen' if g.seen else 'unseen'}, {'read' if g.read else 'unread'}")
+    _emit(args, {"receiver_id": args.receiver, "groups": [_group_json(g) for g in page.groups],
+                 "next_cursor": page.next_cursor, "unseen_groups": badge.count, "capped": badge.capped,
+                 "queried": list(page.queried)}, "\n".join(lines))
+    return 0
+
+
 # -- entry point ------------------------------------------------------------------------
 
 
@@ -408,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "erase": _cmd_erase,
             "erase-status": _cmd_erase_status,
             "export": _cmd_export,
+            "groups": _cmd_groups,
         }
         return commands[args.command](args, config)
     except _Failed:

@@ -11,7 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
+from ..core.groups import MAX_GROUP_PAGE, GroupBy
 from ..core.seen import MAX_CAP
+from ..errors import InvalidItem
 from ..model import TEXT_RULE, is_id
 
 __all__ = ["MIGRATIONS_HELP", "build_parser"]
@@ -202,6 +204,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
     export.add_argument("dir", metavar="DIR", type=Path, help="an existing, empty folder")
+    groups = sub.add_parser(
+        "groups",
+        help="a receiver's notifications as groups, with seen and read (for support staff)",
+        description="Print a page of RECEIVER's notification groups newest first (\"7 like data.target=5 on "
+        "2026-11-26: 12 items from 9 actors\"), each with its counts, newest actors, first and last time, and whether "
+        "it is seen and read, then how many groups are unseen. RECEIVER as for 'unseen'.",
+    )
+    groups.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
+    groups.add_argument("--key", type=_group_by, default=None, metavar="SPEC",
+                        help="the aggregation key: fields, then / and a span, e.g. 'type,data.target/1d' (the default)")
+    groups.add_argument("--limit", type=_group_limit, default=20, metavar="N",
+                        help=f"groups per page, from 1 to {MAX_GROUP_PAGE} (default: %(default)s)")
+    groups.add_argument("--cursor", default=None, help="the next_cursor a previous page printed")
+    groups.add_argument("--pull", action="append", type=_receiver_arg, default=None, metavar="SENDER",
+                        help="merge in the outbox of this pulled sender (repeat for more)")
     for command in sub.choices.values():  # --json after the subcommand too (SUPPRESS: absent there, the top's stays)
         command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
     return parser
@@ -224,4 +241,20 @@ def _cap(text: str) -> int:
     value = int(text) if _INT.fullmatch(text) else None
     if value is None or not 1 <= value <= MAX_CAP:
         raise argparse.ArgumentTypeError(f"must be an int from 1 to {MAX_CAP} (got {text if value is not None else repr(text)})")
+    return value
+
+
+def _group_by(text: str) -> GroupBy:
+    """``groups --key``: a :class:`~router.core.groups.GroupBy` as text."""
+    try:
+        return GroupBy.parse(text)
+    except InvalidItem as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _group_limit(text: str) -> int:
+    """``groups --limit``: an int from 1 to :data:`~router.core.groups.MAX_GROUP_PAGE`."""
+    value = int(text) if _INT.fullmatch(text) else None
+    if value is None or not 1 <= value <= MAX_GROUP_PAGE:
+        raise argparse.ArgumentTypeError(f"must be an int from 1 to {MAX_GROUP_PAGE} (got {text if value is not None else repr(text)})")
     return value

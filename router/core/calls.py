@@ -29,6 +29,20 @@ from .erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, s
 from .export import ExportPlan, ExportSummary, Sink, export_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
 from .fence import NEVER, read_fences
+from .group_reads import ALL, GroupPlan, Mark, groups_program, mark_read_program, unseen_groups_program
+from .groups import (
+    DEFAULT_GROUP_BY,
+    MAX_GROUP_PAGE,
+    MAX_MARKS,
+    MAX_NEWEST,
+    Group,
+    GroupBy,
+    GroupCursor,
+    GroupPage,
+    UnseenGroups,
+    decode_group_cursor,
+    decode_key,
+)
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
 from .routing import Routing, routed
@@ -40,8 +54,8 @@ from .writes import write_program
 
 __all__ = [
     "Active", "View", "active_filter", "backfill", "concurrency", "delete", "erase_user", "erasure_status",
-    "export_user", "fan_out_status", "follow", "mark_seen", "plan_fan_out", "read", "seen_position", "unfollow",
-    "unseen_count", "update", "user", "write_many",
+    "export_user", "fan_out_status", "follow", "mark_read", "mark_seen", "plan_fan_out", "read", "read_groups",
+    "seen_position", "unfollow", "unseen_count", "unseen_groups", "update", "user", "write_many",
 ]
 
 #: Which receivers get a copy: a predicate, or a container (usually a set) of active ids.
@@ -279,3 +293,86 @@ def export_user(view: View, user_id: object, sink: Sink) -> Program[ExportSummar
     """``export_user``: what the router holds about the user, to *sink*; see :mod:`router.core.export`."""
     plan = ExportPlan(user_id=user(user_id), timemap=view.routing.timemap, timeout=view.settings.timeout)
     return export_program(plan, sink)
+
+
+# -- aggregated notifications (groups) --------------------------------------------------------
+
+
+def _group_by(key: object) -> GroupBy:
+    if key is None:
+        return DEFAULT_GROUP_BY
+    if isinstance(key, str):
+        return GroupBy.parse(key)
+    if not isinstance(key, GroupBy):
+        raise InvalidItem("key", f"must be a GroupBy or its text, as in 'type,data.target/1d' (got {key!r:.80})")
+    return key
+
+
+def _group_plan(view: View, receiver_id: object, key: object, pull: Sequence[object] | None,
+                types: Sequence[object] | None, *, limit: int = 1, newest: int = 1,
+                cursor: GroupCursor | None = None) -> GroupPlan:
+    return GroupPlan(
+        receiver_id=_receiver(receiver_id), by=_group_by(key), limit=limit, newest=newest, cursor=cursor,
+        timemap=view.routing.timemap, now=view.now, window=view.config.read_window,
+        deadline=deadline_in(view.settings.timeout),
+        pull=check_senders(pull, field="pull", limit=view.settings.max_pull, per="read"),
+        types=check_ids(types, field="types", noun="types", limit=MAX_TYPES, too_many="distinct types", empty=False),
+        deployments=view.settings.deployments,
+    )
+
+
+def read_groups(
+    view: View, receiver_id: object, *, key: object = None, limit: object = 20, newest: object = 3,
+    cursor: object = None, pull: Sequence[object] | None = None, types: Sequence[object] | None = None,
+) -> Program[GroupPage]:
+    """``read_groups``: a page of groups newest first; see :mod:`router.core.group_reads`."""
+    plan = _group_plan(view, receiver_id, key, pull, types, limit=positive_int("limit", limit, maximum=MAX_GROUP_PAGE),
+                       newest=positive_int("newest", newest, maximum=MAX_NEWEST))
+    if cursor is not None:
+        plan = attrs.evolve(plan, cursor=decode_group_cursor(cursor, plan.by.fingerprint(plan.types)))
+    return groups_program(plan)
+
+
+def unseen_groups(view: View, receiver_id: object, *, cap: object = 99, key: object = None,
+                  pull: Sequence[object] | None = None, types: Sequence[object] | None = None) -> Program[UnseenGroups]:
+    """``unseen_groups``: groups with an item newer than the seen marker, up to *cap*."""
+    plan = _group_plan(view, receiver_id, key, pull, types)
+    return unseen_groups_program(plan, positive_int("cap", cap, maximum=MAX_CAP))
+
+
+def mark_read(view: View, receiver_id: object, groups: object) -> Program[int]:
+    """``mark_read``: record *groups* (``Group`` values, their keys, or ``"all"``) as read."""
+    receiver = _receiver(receiver_id)
+    now = Position(view.now, ObjectId(b"\xff" * 12))
+    marks: list[Mark] = []
+    if isinstance(groups, str) and groups == "all":
+        marks.append(Mark(ALL, now))
+    elif isinstance(groups, (str, bytes)) or not isinstance(groups, Iterable):
+        raise InvalidItem("groups", f"must be 'all' or an iterable of groups or group keys (got {groups!r:.80})")
+    else:
+        for i, g in enumerate(groups):
+            if i >= MAX_MARKS:
+                raise InvalidItem("groups", f"at most {MAX_MARKS} groups per call (mark more with 'all')")
+            if isinstance(g, Group):
+                marks.append(Mark(g.key, g.newest))
+            else:
+                decode_key(g, field=f"groups[{i}]")
+                marks.append(Mark(str(g), now))
+    if not marks:
+        return _nothing()
+    deadline = deadline_in(view.settings.timeout)
+
+    def program() -> Program[int]:
+        place: dict[str, str] = {}
+        for m in marks:
+            when = m.through.event_time
+            place[m.group] = yield from routed(lambda r: r.locate(when.timestamp())[0], view.routing,
+                                                where=lambda _past: (when, "groups"))
+        return (yield from mark_read_program(receiver, marks, place, deadline=deadline))
+
+    return program()
+
+
+def _nothing() -> Program[int]:
+    return 0
+    yield  # a program that asks nothing

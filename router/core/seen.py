@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -43,12 +43,17 @@ from .layouts import Layout, layout_for, outbox
 from .layouts.queries import older_than, outside_clause
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
-__all__ = ["MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "mark_program", "marker_of",
-           "marker_program", "markers", "outside", "unseen_program"]
+__all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "highest_read_marks",
+           "mark_program", "marker_of", "marker_program", "markers", "outside", "read_mark_documents", "read_marks_below",
+           "read_marks_find", "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
 SEEN_SORT = (("event_time", -1), ("key", -1))
+#: Seen markers, not the read marks of groups that share their collection (:func:`read_mark_documents`): only a
+#: marker has an ``event_time``. As a range of dates, this keeps a marker's ``find`` on the markers' own entries of the
+#: index (a read mark's ``event_time`` is missing, which the index holds as null, below every date).
+_MARKERS = {"event_time": {"$type": "date"}}
 #: The largest ``cap`` an unseen count takes.
 MAX_CAP = 10_000
 
@@ -120,7 +125,8 @@ def mark_program(receiver_id: int | str, position: Position, cluster: str, *, de
         raise outcome.failure.error
     if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
         raise RuntimeError(f"cluster {cluster!r}: the seen marker was refused: {outcome.write_errors[0].message}")
-    cleaned = yield Delete(cluster, "seen", {"receiver_id": receiver_id, **older_than(position, "key")}, deadline)
+    mine = {"receiver_id": receiver_id, **_MARKERS, **older_than(position, "key")}
+    cleaned = yield Delete(cluster, "seen", mine, deadline)
     if isinstance(cleaned, Failure):  # the marker is stored; the lower ones left are harmless, and go next time
         log.warning("seen markers below the new one stay for now: %s", cleaned.error, extra={"cluster": cluster})
     return position
@@ -132,7 +138,7 @@ def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: fl
     Asks one cluster at a time, newest first, and stops at the first that has a marker.
     """
     for i, name in enumerate(names):
-        docs = yield Find(name, "seen", {"receiver_id": receiver_id}, deadline, sort=SEEN_SORT, limit=1,
+        docs = yield Find(name, "seen", {"receiver_id": receiver_id, **_MARKERS}, deadline, sort=SEEN_SORT, limit=1,
                           projection={"_id": 0, "event_time": 1, "key": 1})
         if isinstance(docs, Failure):
             raise docs.error
@@ -150,14 +156,17 @@ class Marker:
 
 
 def markers(cluster: str, receiver_id: int | str, deadline: float) -> Program[list[Marker] | Failure]:
-    """Every seen marker of *receiver_id* in *cluster*, lowest first (an export: usually one)."""
-    docs = yield Find(cluster, "seen", {"receiver_id": receiver_id}, deadline, sort=[(f, 1) for f, _ in SEEN_SORT],
+    """Every seen marker of *receiver_id* in *cluster*, lowest first (an export: usually one; not the read marks of
+    groups, which share the collection)."""
+    docs = yield Find(cluster, "seen", {"receiver_id": receiver_id, **_MARKERS}, deadline,
+                      sort=[(f, 1) for f, _ in SEEN_SORT],
                       projection={"_id": 0, "event_time": 1, "key": 1})
     return docs if isinstance(docs, Failure) else [Marker(d["event_time"], d["key"]) for d in docs]
 
 
 def forget(cluster: str, receiver_id: int | str, deadline: float) -> Delete:
-    """The request that removes every seen marker of *receiver_id* in *cluster* (an erasure)."""
+    """The request that removes every seen marker of *receiver_id* in *cluster*, and their read marks of groups (an
+    erasure)."""
     return Delete(cluster, "seen", {"receiver_id": receiver_id}, deadline)
 
 
@@ -210,6 +219,55 @@ def unseen_program(plan: UnseenPlan) -> Program[Unseen]:
     return Unseen(min(total, plan.cap), total > plan.cap, marker, tuple(queried))
 
 
-def outside(start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:
-    """The filter of seen markers outside ``[start, end)``, and the field that gives a marker's time."""
-    return outside_clause(start, end, earliest="event_time", latest="event_time"), "event_time"
+def outside(start: datetime | None, end: datetime | None) -> list[tuple[dict[str, Any], str]]:
+    """The filters of the ``seen`` documents placed outside ``[start, end)`` (all of them when both are ``None``),
+    each with the field that gives a document's time: the markers by ``event_time``, the read marks of groups by
+    ``read_time`` (each lives in the cluster that owns that time, so a period change must strand neither)."""
+    return [(outside_clause(start, end, earliest="event_time", latest="event_time") or dict(_MARKERS), "event_time"),
+            (outside_clause(start, end, earliest="read_time", latest="read_time") or {"read_time": {"$type": "date"}},
+             "read_time")]
+
+
+# -- read marks of notification groups (router.core.group_reads) ------------------------------
+
+#: The ``group`` of a read mark that marks every group read.
+ALL_GROUPS = "*"
+
+
+def read_mark_documents(receiver_id: int | str, marks: Sequence[tuple[str, Position]]) -> list[dict[str, Any]]:
+    """The ``seen`` documents of read marks: each ``(group key or "*", read through this position)``, as
+    ``{receiver_id, group, read_time, read_key}``. They share the seen markers' collection but not their fields: with
+    no ``event_time`` they sit below every marker in the markers' index ``{receiver_id, event_time, key}``, outside the
+    range of dates a marker's query asks for, so finding the marker never steps over them; the read marks' own
+    queries use ``{receiver_id, group, read_time, read_key}`` (migration 0007)."""
+    return [{"_id": ObjectId(), "receiver_id": receiver_id, "group": group, "read_time": through.event_time,
+             "read_key": through.id} for group, through in marks]
+
+
+def read_marks_below(cluster: str, receiver_id: int | str, marks: Sequence[tuple[str, Position]],
+                     deadline: float) -> Delete:
+    """The delete of the read marks *marks* make redundant: of each group, those below it (of ``"*"``: of every
+    group)."""
+    branches: list[dict[str, Any]] = []
+    for group, through in marks:
+        which: Any = {"$exists": True} if group == ALL_GROUPS else group
+        branches += [{"group": which, "read_time": {"$lt": through.event_time}},
+                     {"group": which, "read_time": through.event_time, "read_key": {"$lt": through.id}}]
+    return Delete(cluster, "seen", {"receiver_id": receiver_id, "$or": branches}, deadline)
+
+
+def read_marks_find(cluster: str, receiver_id: int | str, groups: Sequence[str], oldest: datetime,
+                    deadline: float) -> Find:
+    """The read marks of *groups* (and of every group) at or above *oldest*."""
+    return Find(cluster, "seen", {"receiver_id": receiver_id, "group": {"$in": [*groups, ALL_GROUPS]},
+                                  "read_time": {"$gte": oldest}}, deadline,
+                projection={"_id": 0, "group": 1, "read_time": 1, "read_key": 1})
+
+
+def highest_read_marks(docs: Sequence[Mapping[str, Any]]) -> dict[str, tuple[datetime, bytes]]:
+    """The answer to :func:`read_marks_find`: each group's highest mark, as a sortable ``(time, key bytes)``."""
+    marks: dict[str, tuple[datetime, bytes]] = {}
+    for doc in docs:
+        mine = (doc["read_time"], doc["read_key"].binary)
+        marks[doc["group"]] = max(marks.get(doc["group"], mine), mine)
+    return marks

@@ -31,6 +31,7 @@ from ..errors import ClusterUnavailable
 from ..observe import Event
 
 __all__ = [
+    "Aggregate",
     "Collection",
     "Concurrently",
     "Count",
@@ -57,7 +58,7 @@ T = TypeVar("T")
 Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "fanout_sent", "metadata", "seen", "edits",
                                 "posts", "erasures"]
 #: How a failed request failed, which decides what may be done next (see :mod:`router.core.policy`).
-FailureKind: TypeAlias = Literal["transient", "timeout", "cancelled", "unavailable", "refused", "too_large"]
+FailureKind: TypeAlias = Literal["transient", "timeout", "cancelled", "unavailable", "refused", "too_large", "unsupported"]
 
 
 @attrs.frozen(slots=True)
@@ -76,6 +77,8 @@ class Failure:
     * ``refused``: the server answered with an error (authentication, a bad command).
     * ``too_large``: the server refused a statement as too large for it (FerretDB's limits on
       statement parameters: 32,766 on SQLite, 65,535 on PostgreSQL); a smaller one may pass.
+    * ``unsupported``: the server does not implement an operator or stage the request uses (FerretDB v1's
+      aggregation); no retry can help.
     """
 
     kind: FailureKind
@@ -89,7 +92,8 @@ class Failure:
     @property
     def cluster_down(self) -> bool:
         """True when the cluster gave no answer (``transient``, ``timeout``, ``unavailable``); False when it answered
-        with a refusal (``refused``, ``too_large``) or stopped the request at its time limit (``cancelled``)."""
+        with a refusal (``refused``, ``too_large``, ``unsupported``) or stopped the request at its time limit
+        (``cancelled``)."""
         return self.kind in ("transient", "timeout", "unavailable")
 
 
@@ -115,6 +119,17 @@ class Count:
     filter: Mapping[str, Any]
     deadline: float
     limit: int = 0
+
+
+@attrs.frozen(slots=True)
+class Aggregate:
+    """``aggregate`` on one cluster (a counting or grouping pipeline: what it returns is small, whatever it reads on
+    the server); answered with the list of result documents, or a :class:`Failure`."""
+
+    cluster: str
+    collection: Collection
+    pipeline: Sequence[Mapping[str, Any]]
+    deadline: float
 
 
 @attrs.frozen(slots=True)
@@ -225,7 +240,7 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = Find | Count | Aggregate | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 

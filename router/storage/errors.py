@@ -16,7 +16,7 @@ from ..core.steps import Failure, FailureKind
 from ..errors import ClusterUnavailable
 from ..uris import redact_uri
 
-__all__ = ["QUERY_CANCELED", "STATEMENT_TOO_LARGE", "TIME_LIMIT_CODES", "classify", "driver_error"]
+__all__ = ["QUERY_CANCELED", "STATEMENT_TOO_LARGE", "TIME_LIMIT_CODES", "UNSUPPORTED_CODES", "classify", "driver_error"]
 
 #: FerretDB's errors for a statement with more parameters than its backend takes:
 #: SQLite (32,766) and PostgreSQL's extended protocol (65,535).
@@ -27,6 +27,11 @@ STATEMENT_TOO_LARGE = ("too many SQL variables", "extended protocol limited to 6
 QUERY_CANCELED = 67371461
 #: The codes of a request the server stopped at its time limit (``cancelled``): MaxTimeMSExpired, and FerretDB 2's.
 TIME_LIMIT_CODES = frozenset({50, QUERY_CANCELED})
+
+
+#: A server's "not implemented" answers: NotImplemented (238, FerretDB v1's aggregation), an unknown group operator
+#: (15952), an unknown expression (168) or pipeline stage (40324).
+UNSUPPORTED_CODES = (238, 15952, 168, 40324)
 
 
 def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterUnavailable:
@@ -73,6 +78,8 @@ def _kind(exc: BaseException) -> FailureKind:
         return "transient"
     if isinstance(exc, OperationFailure) and any(m in str(exc) for m in STATEMENT_TOO_LARGE):
         return "too_large"
+    if isinstance(exc, OperationFailure) and exc.code in UNSUPPORTED_CODES:
+        return "unsupported"
     return "refused"  # the server answered with an error, or BSON could not encode the request
 
 

@@ -54,6 +54,7 @@ def test_applied_once_then_nothing(cluster: Any, raw_clients: Clients, db_name: 
     assert db.migrations.count_documents({}) == len(SHIPPED)
     seen = {i["name"]: dict(i["key"]) for i in db.seen.list_indexes()}
     assert seen["receiver_time_key"] == {"receiver_id": 1, "event_time": -1, "key": -1}
+    assert seen["receiver_group_read"] == {"receiver_id": 1, "group": 1, "read_time": -1, "read_key": -1}  # 0007
 
 
 def test_dry_run_changes_nothing(cluster: Any, raw_clients: Clients, db_name: str) -> None:

@@ -295,21 +295,25 @@ def test_interrupted_rollover_is_finished_by_a_rerun(env3: Env, layout: str) -> 
 
 
 def test_every_time_placed_record_blocks_a_rollover_that_would_strand_it(env3: Env) -> None:
-    """A seen marker, a pulled post's outbox entry or a fan-out job dated past B in cluster_2 each refuse the rollover
-    at B (each counted and named); a standby holding any of them is not ready; without them it goes through."""
+    """A seen marker, a read mark of groups, a pulled post's outbox entry or a fan-out job dated past B in cluster_2
+    each refuse the rollover at B (each counted and named); a standby holding any of them is not ready; without them
+    it goes through."""
     c2, c3 = env3.raw["cluster_2"].feed, env3.raw["cluster_3"].feed
     after = B + timedelta(hours=5)
-    records = {
-        "seen": {"receiver_id": 1, "event_time": after, "key": ObjectId()},
-        "outbox": {"sender_id": "celeb", "event_time": after - timedelta(hours=1), "data_key": "k", "type": 1, "data": {}},
-        "fanouts": {"_id": "job", "data_key": "k2", "event_time": after - timedelta(hours=2), "batch_size": 10},
-    }
-    for collection, doc in records.items():
+    records = [
+        ("seen", after, {"receiver_id": 1, "event_time": after, "key": ObjectId()}),
+        ("seen", after, {"receiver_id": 1, "group": "*", "read_time": after, "read_key": ObjectId()}),  # (no event_time)
+        ("outbox", after - timedelta(hours=1),
+         {"sender_id": "celeb", "event_time": after - timedelta(hours=1), "data_key": "k", "type": 1, "data": {}}),
+        ("fanouts", after - timedelta(hours=2),
+         {"_id": "job", "data_key": "k2", "event_time": after - timedelta(hours=2), "batch_size": 10}),
+    ]
+    for collection, when, doc in records:
         c2[collection].insert_one(dict(doc))
         with Clusters(env3.config) as clusters, pytest.raises(RolloverError) as info:
             plan_rollover(clusters, env3.config, now=T0)
         assert (f"cluster 'cluster_2' holds 1 documents at or after 2024-05-01T00:00:00+00:00 (latest "
-                f"{doc['event_time'].isoformat()}; 1 {collection})") in str(info.value), str(info.value)
+                f"{when.isoformat()}; 1 {collection})") in str(info.value), str(info.value)
         c2[collection].delete_many({})
         c3[collection].insert_one(dict(doc))  # the same record on the standby: it is not empty
         with Clusters(env3.config) as clusters, pytest.raises(RolloverError) as info:

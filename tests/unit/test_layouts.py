@@ -111,9 +111,9 @@ def test_no_module_outside_the_layouts_names_a_stored_copys_field() -> None:
 
 
 def test_only_the_layouts_ask_for_the_feed_and_the_outbox() -> None:
-    """No request outside router/core/layouts/ names the feed or outbox collection (a Find, Insert... whose
+    """No request outside router/core/layouts/ names the feed or outbox collection (a Find, Aggregate, Insert... whose
     collection argument is "feed" or "outbox")."""
-    requests = {"Find", "Count", "Insert", "Delete", "Update", "Upserts"}
+    requests = {"Find", "Count", "Aggregate", "Insert", "Delete", "Update", "Upserts"}
     problems = []
     for path in outside_layouts():
         for node in ast.walk(ast.parse(path.read_text())):

@@ -211,6 +211,14 @@ class Layout(Writer[CopyBatch]):
                     deadline: float) -> Program[int | Failure]:
         """How many copies are newer than *bound*, counting no further than *limit*."""
 
+    @abc.abstractmethod
+    def copy_stream(self, receiver_id: int | str, start: datetime, end: datetime | None,
+                    match: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The first stages of an ``aggregate`` on ``feed`` that yield *receiver_id*'s copies dated in ``[start, end)``
+        (*end* None: no upper bound) and matching *match*, each as a document with the fields of a
+        :class:`~.values.Copy` but ``receiver_id`` (``_id`` its id; *match* filters on those fields): what grouped
+        reads count and group on the server (:mod:`.grouping`, the one reader of these documents)."""
+
     # -- edits ----------------------------------------------------------------------------------
     @abc.abstractmethod
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,

@@ -98,6 +98,9 @@ _OLDEST = (("oldest", 1), ("_id", 1))
 #: What a read-back of copies needs of a bucket: each copy's identity, not its data (a bucket may hold 50 large ones).
 _IDENTITY = {"receiver_id": 1, "items._id": 1, "items.data_key": 1, "items.sender_id": 1, "items.event_time": 1,
              "items.type": 1}
+#: A copy unwound from its bucket, as a document of its own (``receiver_id`` is the bucket's).
+_AS_COPY = {"_id": "$items._id", "data_key": "$items.data_key", "sender_id": "$items.sender_id",
+            "event_time": "$items.event_time", "type": "$items.type", "data": "$items.data"}
 #: What an edit that removes copies does besides: seal the bucket (no append goes where a copy left).
 _SEAL = {"$max": {"count": MAX_ITEMS}}
 
@@ -330,6 +333,18 @@ class Buckets(Layout):
                     deadline: float) -> Program[int | Failure]:
         keys = yield from self.newer(cluster, receiver_id, bound, limit, deadline)
         return keys if isinstance(keys, Failure) else len(keys)
+
+    def copy_stream(self, receiver_id: int | str, start: datetime, end: datetime | None,
+                    match: Mapping[str, Any]) -> list[dict[str, Any]]:
+        # A bucket's newest and oldest bound its copies' times (newest only grows, oldest only shrinks), so the page
+        # index {receiver_id, newest} picks the buckets that may hold the range; the copies are then unwound.
+        buckets: dict[str, Any] = {"receiver_id": receiver_id, "newest": {"$gte": start}}
+        times = {"$gte": start}
+        if end is not None:
+            buckets["oldest"] = {"$lt": end}
+            times["$lt"] = end
+        return [{"$match": buckets}, {"$unwind": "$items"}, {"$project": _AS_COPY},
+                {"$match": {"event_time": times, **match}}]
 
     # -- edits ----------------------------------------------------------------------------------
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,

@@ -92,6 +92,12 @@ class Copies(Layout):
         answer = yield Count(cluster, "feed", {"receiver_id": receiver_id, **newer_than(bound)}, deadline, limit=limit)
         return answer if isinstance(answer, Failure) else int(answer)
 
+    def copy_stream(self, receiver_id: int | str, start: datetime, end: datetime | None,
+                    match: Mapping[str, Any]) -> list[dict[str, Any]]:
+        # The page index's (receiver_id, event_time) prefix bounds the scan to the receiver's range of time.
+        times = {"$gte": start, **({"$lt": end} if end is not None else {})}
+        return [{"$match": {"receiver_id": receiver_id, "event_time": times, **match}}]
+
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
                  what: str) -> Program[Edited]:
         match, update = key_edit(data_key, data)

@@ -25,7 +25,7 @@ from .queries import PAGE_SORT, fix_requests, key_edit, outside_clause
 from .values import Post
 
 __all__ = ["OUTBOX", "Outbox", "edit", "find", "fix", "keyed", "keys", "outside", "published", "pulled_item", "remove",
-           "sent_keys", "sort_key"]
+           "sent_keys", "sort_key", "stream"]
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,12 @@ OUTBOX = Outbox()
 
 
 def _match(senders: Sequence[int | str], types: Sequence[int | str], at_or_before: datetime | None, at: datetime | None,
-           before: datetime | None, after: datetime | None) -> dict[str, Any]:
+           before: datetime | None, after: datetime | None, at_or_after: datetime | None = None) -> dict[str, Any]:
     match: dict[str, Any] = {"sender_id": {"$in": list(senders)}}
     if types:
         match["type"] = {"$in": list(types)}
-    times = {op: t for op, t in (("$lte", at_or_before), ("$lt", before), ("$gt", after)) if t is not None}
+    times = {op: t for op, t in (("$lte", at_or_before), ("$lt", before), ("$gt", after), ("$gte", at_or_after))
+             if t is not None}
     if at is not None:
         match["event_time"] = at
     elif times:
@@ -84,12 +85,21 @@ def _match(senders: Sequence[int | str], types: Sequence[int | str], at_or_befor
 
 def find(cluster: str, senders: Sequence[int | str], deadline: float, *, types: Sequence[int | str] = (),
          at_or_before: datetime | None = None, at: datetime | None = None, before: datetime | None = None,
-         after: datetime | None = None, limit: int = 0) -> Program[list[Post] | Failure]:
+         after: datetime | None = None, at_or_after: datetime | None = None,
+         limit: int = 0) -> Program[list[Post] | Failure]:
     """The posts of *senders* (of *types*, when given) in a time range, newest first by ``(event_time, id)``, up to
     *limit*."""
-    docs = yield Find(cluster, "outbox", _match(senders, types, at_or_before, at, before, after), deadline,
+    docs = yield Find(cluster, "outbox", _match(senders, types, at_or_before, at, before, after, at_or_after), deadline,
                       sort=PAGE_SORT, limit=limit)
     return docs if isinstance(docs, Failure) else [_post(d) for d in docs]
+
+
+def stream(senders: Sequence[int | str], *, types: Sequence[int | str] = (),
+           after: datetime | None = None) -> list[dict[str, Any]]:
+    """The first stages of an ``aggregate`` on ``outbox`` that yield *senders*' posts (of *types*, when given) after
+    *after*, each as a document with a copy's fields but ``receiver_id`` (what
+    :meth:`~router.core.layouts.base.Layout.copy_stream` yields of copies): what grouped reads group on the server."""
+    return [{"$match": _match(senders, types, None, None, None, after)}]
 
 
 def keys(cluster: str, senders: Sequence[int | str], receiver_id: int | str, deadline: float, *,
