@@ -518,16 +518,17 @@ class AsyncFeedRouter(AsyncDoorBase):
         return await self._run("erasure_status", lambda v: calls.erasure_status(v, user_id))
 
     async def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
-        """Write what the router holds about *user_id* (posts sent, items received, seen markers) into the existing,
-        empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each file's SHA-256.
+        """Write what the router holds about *user_id* (posts sent, items received, seen markers, read marks of
+        groups) into the existing, empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each
+        file's SHA-256.
 
         Example::
 
             exported = await feeds.export_user(1000765, "/srv/exports/1000765")
-            exported.counts                     # {'sent': 8, 'received': 9, 'seen': 1}
+            exported.counts                     # {'sent': 8, 'received': 9, 'seen': 1, 'read': 1}
 
         Each line is a value of this API (an :class:`Activity` sent, a :class:`FeedItem`
-        received, a seen marker), field by field, with the period it was read from. Raises
+        received, a seen marker, a read mark), field by field, with the period it was read from. Raises
         :class:`InvalidItem` for a bad id or an *out* that is not an empty folder, and
         :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
         removed).

@@ -9,12 +9,14 @@ written last, so a folder with a manifest holds a complete export::
     out/sent.jsonl       {"sender_id": 7, "event_time": "2024-05-04T12:30:15.250000+00:00", "type": 1, "data": {...}, "data_key": ..., "period": "cluster_2"}
     out/received.jsonl   {"receiver_id": 7, "sender_id": 42, "event_time": ..., "type": 1, "data": {...}, "data_key": ..., "id": "66361...", "period": ...}
     out/seen.jsonl       {"event_time": ..., "item": "66361...", "period": ...}
-
-A record is the value the export read, field by field (an :class:`~router.model.Activity`
-sent, a :class:`~router.model.FeedItem` received, a :class:`~router.core.seen.Marker`), then
-its ``period``: the export names no stored field of its own.
+    out/read.jsonl       {"group": "*", "read_time": ..., "item": "66361...", "period": ...}
     out/manifest.json    {"format": "feed-router export 1", "user_id": 7, "created_at": ..., "periods": [...],
                           "files": {"sent.jsonl": {"records": 3, "bytes": 512, "sha256": "..."}, ...}}
+
+A record is the value the export read, field by field (an :class:`~router.model.Activity`
+sent, a :class:`~router.model.FeedItem` received, a :class:`~router.core.seen.Marker`, a
+:class:`~router.core.seen.ReadMark`), then its ``period``: the export names no stored field
+of its own.
 
 Values JSON has no type for are written as strings: times in ISO 8601 (UTC), ObjectIds in
 hex, bytes in base64; other BSON values in MongoDB's relaxed Extended JSON.

@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         "erase",
         help="erase a user: everything they sent and everything addressed to them, every cluster, with a record",
         description="Remove everything USER sent (copies in every feed, outbox entries, their posts' job and edit "
-        "records) and everything addressed to them (their feed, seen markers), from every configured cluster, after "
+        "records) and everything addressed to them (their feed, seen markers, read marks), from every configured "
+        "cluster, after "
         "leaving an erasure record in each (the user's keyed hash, who asked, when; then the counts), which fan-outs, "
         "Celery workers and backfills still running read. Prints the counts per cluster and collection, never the "
         "user's data. Exits 1 if a cluster did not finish: run it again.",
@@ -198,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser(
         "export",
         help="export what the router holds about a user into a folder (JSON Lines and a manifest)",
-        description="Write USER's posts as sent, the items they received and their seen markers into DIR (an "
-        "existing folder holding no export) as sent.jsonl, received.jsonl and seen.jsonl, each in time order "
+        description="Write USER's posts as sent, the items they received, their seen markers and read marks into DIR "
+        "(an existing folder holding no export) as sent.jsonl, received.jsonl, seen.jsonl and read.jsonl, each in "
+        "time order "
         "across every period, then manifest.json with the periods read and each file's records and SHA-256.",
     )
     export.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)

@@ -10,6 +10,7 @@ writes it to a file), three streams:
 * ``received``: the items of the user's own feed, oldest first (:meth:`Layout.oldest_first`),
   as the :class:`~router.model.FeedItem` values a page serves.
 * ``seen``: the user's seen markers (:class:`~router.core.seen.Marker`).
+* ``read``: the user's read marks of notification groups (:class:`~router.core.seen.ReadMark`).
 
 Only values cross here: the layouts and :mod:`.seen` read the stored documents, and the
 sink turns each value into a record. Memory stays bounded: each stream is read a page of
@@ -40,7 +41,7 @@ from .steps import Concurrently, Failure, Program
 __all__ = ["PAGE", "STREAMS", "ExportPlan", "ExportSummary", "Sink", "export_program"]
 
 #: The streams of an export, each a file of its own.
-STREAMS = ("sent", "received", "seen")
+STREAMS = ("sent", "received", "seen", "read")
 #: Records one read asks for.
 PAGE = 500
 
@@ -48,7 +49,7 @@ PAGE = 500
 class Sink(Protocol):
     """Where an export's records go, one at a time, in order (the door writes them to files): each a value of the
     router's API (an :class:`~router.model.Activity` sent, a :class:`~router.model.FeedItem` received, a
-    :class:`~router.core.seen.Marker`) and the period it was read from."""
+    :class:`~router.core.seen.Marker`, a :class:`~router.core.seen.ReadMark`) and the period it was read from."""
 
     def write(self, stream: str, value: Any, period: str) -> None: ...
 
@@ -75,7 +76,7 @@ def export_program(plan: ExportPlan, sink: Sink) -> Program[ExportSummary]:
     :class:`~router.errors.ClusterUnavailable` if one cannot be read (the files are then incomplete)."""
     counts = dict.fromkeys(STREAMS, 0)
     periods = plan.timemap.periods
-    for stream, read in (("sent", _sent), ("received", _received), ("seen", _seen)):
+    for stream, read in (("sent", _sent), ("received", _received), ("seen", _seen), ("read", _read)):
         for meta in periods:
             def emit(value: Any, stream: str = stream, period: str = meta.name) -> None:
                 sink.write(stream, value, period)
@@ -143,3 +144,10 @@ def _seen(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
     """The user's seen markers in *cluster*, oldest first (usually one)."""
     for marker in _answer((yield from seen.markers(cluster, plan.user_id, deadline_in(plan.timeout)))):
         emit(marker)
+
+
+def _read(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
+    """The user's read marks of notification groups in *cluster*, oldest first (a few: each supersedes the ones
+    below it)."""
+    for mark in _answer((yield from seen.read_marks(cluster, plan.user_id, deadline_in(plan.timeout)))):
+        emit(mark)

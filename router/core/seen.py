@@ -44,8 +44,8 @@ from .layouts.queries import older_than, outside_clause
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
 __all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "highest_read_marks",
-           "mark_program", "marker_of", "marker_program", "markers", "outside", "read_mark_documents", "read_marks_below",
-           "read_marks_find", "unseen_program"]
+           "mark_program", "marker_of", "marker_program", "markers", "outside", "ReadMark", "read_mark_documents",
+           "read_marks", "read_marks_below", "read_marks_find", "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
@@ -162,6 +162,24 @@ def markers(cluster: str, receiver_id: int | str, deadline: float) -> Program[li
                       sort=[(f, 1) for f, _ in SEEN_SORT],
                       projection={"_id": 0, "event_time": 1, "key": 1})
     return docs if isinstance(docs, Failure) else [Marker(d["event_time"], d["key"]) for d in docs]
+
+
+@attrs.frozen
+class ReadMark:
+    """A read mark of notification groups as an export shows it: the group (``"*"``: every group), and the time and
+    id of the item it was read through."""
+
+    group: str
+    read_time: datetime
+    item: ObjectId
+
+
+def read_marks(cluster: str, receiver_id: int | str, deadline: float) -> Program[list[ReadMark] | Failure]:
+    """Every read mark of *receiver_id* in *cluster*, oldest first (an export)."""
+    docs = yield Find(cluster, "seen", {"receiver_id": receiver_id, "read_time": {"$type": "date"}}, deadline,
+                      sort=[("read_time", 1), ("read_key", 1)], projection={"_id": 0, "group": 1, "read_time": 1,
+                                                                             "read_key": 1})
+    return docs if isinstance(docs, Failure) else [ReadMark(str(d["group"]), d["read_time"], d["read_key"]) for d in docs]
 
 
 def forget(cluster: str, receiver_id: int | str, deadline: float) -> Delete:

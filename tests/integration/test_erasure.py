@@ -47,6 +47,7 @@ class Model:
     sent: list[dict[str, Any]] = attrs.Factory(list)
     received: list[dict[str, Any]] = attrs.Factory(list)
     seen: list[dict[str, Any]] = attrs.Factory(list)
+    read: list[dict[str, Any]] = attrs.Factory(list)
     keys: set[str] = attrs.Factory(set)
 
 
@@ -102,6 +103,8 @@ def populate(router: Any) -> Model:
     page = router.read(USER, limit=2)
     router.mark_seen(USER, page.items[1])
     model.seen.append({"event_time": page.items[1].event_time, "item": str(page.items[1].id), "period": "cluster_3"})
+    router.mark_read(USER, "all")  # a read mark of notification groups, through now, in now's period
+    model.read.append({"group": "*", "read_time": NOW.isoformat(), "item": "f" * 24, "period": "cluster_3"})
     model.keys = {r["data_key"] for r in model.sent} | {pushed[2].data_key}
     for stream in (model.sent, model.received):
         stream.sort(key=lambda r: r["event_time"])
@@ -197,26 +200,29 @@ def test_erase_user_leaves_nothing_that_names_them_and_everything_else(
 
 def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path) -> None:
     """The export holds the user's posts as sent (the updated one with its new data, the deleted one not at all),
-    the items they received (an updated one with its new data) and their seen marker, and nothing the router keeps
+    the items they received (an updated one with its new data), their seen marker and their read mark of
+    notification groups, and nothing the router keeps
     for itself (an updated copy's data_digest), each stream in time order across the three periods; the
     manifest names the periods and gives each file's records and SHA-256."""
     model = populate(router)
     result = router.export_user(USER, tmp_path)
-    assert result.counts == {"sent": 8, "received": 9, "seen": 1}
+    assert result.counts == {"sent": 8, "received": 9, "seen": 1, "read": 1}
     lines = {stream: [json.loads(line) for line in (tmp_path / f"{stream}.jsonl").read_text().splitlines()]
-             for stream in ("sent", "received", "seen")}
+             for stream in ("sent", "received", "seen", "read")}
     iso = {s: [{**r, "event_time": r["event_time"].isoformat()} for r in getattr(model, s)] for s in ("sent", "received")}
     assert lines["sent"] == iso["sent"]
     assert not [r for s in ("sent", "received") for r in lines[s] if "data_digest" in r]
     assert [{k: v for k, v in r.items() if k != "id"} for r in lines["received"]] == iso["received"]
     assert lines["seen"] == [{**model.seen[0], "event_time": model.seen[0]["event_time"].isoformat()}]
+    assert lines["read"] == model.read
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["user_id"] == USER and [p["name"] for p in manifest["periods"]] == ["cluster_1", "cluster_2", "cluster_3"]
-    for stream in ("sent", "received", "seen"):
+    for stream in ("sent", "received", "seen", "read"):
         data = (tmp_path / f"{stream}.jsonl").read_bytes()
         assert manifest["files"][f"{stream}.jsonl"] == {"records": len(lines[stream]), "bytes": len(data),
                                                        "sha256": hashlib.sha256(data).hexdigest()}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "received.jsonl", "seen.jsonl", "sent.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "read.jsonl", "received.jsonl", "seen.jsonl",
+                                                          "sent.jsonl"]
 
 
 @pytest.mark.parametrize("layout", ["copies"])

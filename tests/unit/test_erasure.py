@@ -106,7 +106,7 @@ def test_export_files_are_json_lines_with_their_checksums_in_the_manifest(tmp_pa
     folder.write("received", item, "c1")
     folder.write("received", attrs.evolve(item, data={"text": "é"}), "c1")
     assert not (tmp_path / "manifest.json").exists() and (tmp_path / "received.jsonl.partial").exists()
-    result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 2, "seen": 0}))
+    result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 2, "seen": 0, "read": 0}))
     lines = (tmp_path / "received.jsonl").read_text(encoding="utf-8").splitlines()
     assert json.loads(lines[0]) == {"receiver_id": "u-7", "sender_id": 42, "event_time": T.isoformat(), "type": 1,
                                     "data": {"b": "AAE=", "d": {"$numberDecimal": "1.5"}}, "data_key": "k",
@@ -117,7 +117,7 @@ def test_export_files_are_json_lines_with_their_checksums_in_the_manifest(tmp_pa
     assert manifest["files"]["received.jsonl"] == {"records": 2, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert manifest["files"]["sent.jsonl"]["records"] == 0 and (tmp_path / "sent.jsonl").read_bytes() == b""
     assert manifest["user_id"] == "u-7" and manifest["periods"] == [{"name": "c1", "start": T.isoformat(), "end": None}]
-    assert result.counts == {"sent": 0, "received": 2, "seen": 0} and result.manifest == tmp_path / "manifest.json"
+    assert result.counts == {"sent": 0, "received": 2, "seen": 0, "read": 0} and result.manifest == tmp_path / "manifest.json"
 
 
 def test_an_export_folder_must_exist_and_hold_no_export(tmp_path: Path) -> None:
