@@ -17,8 +17,9 @@ Then it registers the posts already stored, by one scan of the period's ``feed``
 copy's, or in a ``buckets`` period each bucket item's, sender and ``data_key``) and of its
 ``outbox``, grouped on the server: as an index build would, once. A pair registered twice
 is one document, so running the scan again (or beside live writers) is harmless. The groups
-are read through the aggregation's cursor (``getMore``), unlike the router's finds
-(``router/storage/finds.py``): the server builds every group before the first batch, and on
+are read through the aggregation's cursor (``getMore``), unlike the router's finds and
+streamed pipelines (``router/storage/finds.py``, which FerretDB 2 repeats and skips once
+documents were updated): a ``$group`` stage builds every group before the first batch, and on
 FerretDB 2, with documents updated, 3,000 groups read in batches of 50, 150 and 101 came back
 exactly once each, where a plain ``find`` of the same collection in batches of 50 did not end.
 
