@@ -68,7 +68,8 @@ def _duration(seconds: float) -> str:
 def worker_yaml(
     config: RouterConfig, *, broker: str, visibility_timeout: float = 3600, retries: int = 3, retry_backoff: float = 5.0,
 ) -> str:
-    """clusters.yaml text for *config* (database, writes, clusters and their options) plus a ``celery`` section."""
+    """clusters.yaml text for *config* (database, writes, clusters and their options, the erasure key) plus a
+    ``celery`` section."""
     doc: dict[str, Any] = {
         "database": config.database,
         "collections": {"feed": config.feed_collection, "metadata": config.metadata_collection},
@@ -81,6 +82,8 @@ def worker_yaml(
         "clusters": [{"name": c.name, "uri": c.uri, **({"options": dict(c.options)} if c.options else {}),
                       **({"database": c.database} if c.database else {})} for c in config.clusters],
     }
+    if config.erasure_key:  # every process that writes copies must read erasure records under the same key
+        doc["erasure"] = {"key": config.erasure_key}
     return yaml.safe_dump(doc, sort_keys=False)
 
 

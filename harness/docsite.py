@@ -25,6 +25,8 @@ import griffe
 #: A page asks for a table with this marker, alone on its line: ``<!-- bench: main -->``.
 MARKER = re.compile(r"^<!-- bench: ([a-z]+) -->$", re.MULTILINE)
 
+#: The rows of what erasing costs (``harness/bench/erase.py``), run on their own: the ``erasure`` table.
+ERASURE_ROWS = ("sender_index", "registry_write_many", "registry_write_many_shared", "erasure_check_fanout", "erase_user")
 #: Rows whose figures are one per case (a page in one period and over three; 10, 100 and
 #: 1,000 periods), not repetitions of one measure: shown as a list, not as a median.
 _PER_CASE = ("commands_per_page", "layout_page_documents")
@@ -86,13 +88,15 @@ def bench_tables(bench: Mapping[str, Any]) -> dict[str, str]:
 
     ``main``: every row of the main run (``later_rows`` marked as from the later run);
     ``scale``: the ``scale_*`` rows (figures at 10 / 100 / 1,000 periods); ``layouts``: the
-    ``layout_*`` rows (router = buckets, raw = copies); ``environment``, ``scale_environment``,
-    ``layouts_environment``: what each run ran on.
+    ``layout_*`` rows (router = buckets, raw = copies); ``erasure``: the :data:`ERASURE_ROWS`
+    (router = with, raw = without; the run in ``erasure_environment``, shown under the table);
+    ``environment``, ``scale_environment``, ``layouts_environment``: what each run ran on.
     """
     results: list[Mapping[str, Any]] = bench["results"]
     env: Mapping[str, Any] = bench["environment"]
     later: Mapping[str, Any] = env.get("later_rows", {})
-    main = [r for r in results if not str(r["name"]).startswith(("scale_", "layout_"))]
+    main = [r for r in results if not str(r["name"]).startswith(("scale_", "layout_")) and r["name"] not in ERASURE_ROWS]
+    erasure = [r for r in results if r["name"] in ERASURE_ROWS]
     scale = [r for r in results if str(r["name"]).startswith("scale_")]
     layouts = [r for r in results if str(r["name"]).startswith("layout_")]
     ratio = "ratio router/raw, median [min-max]"
@@ -102,6 +106,9 @@ def bench_tables(bench: Mapping[str, Any]) -> dict[str, str]:
                                 "ratio at 1,000", "target", "result"]),
         "layouts": _table(layouts, ["measure (unit)", "buckets", "copies", "buckets / copies, median [min-max]",
                                     "target", "result"]),
+        "erasure": _table(erasure, ["measure (unit)", "with", "without (erase_user: requests)",
+                                    "with / without, median [min-max]", "target", "result"])
+        + "\nThe run:\n\n" + _environment(bench.get("erasure_environment", {})),
         "environment": _environment(env),
     }
     if later:
@@ -162,4 +169,4 @@ class SphinxRoles(griffe.Extension):
             obj.docstring.value = markdown_docstring(obj.docstring.value)
 
 
-__all__: Sequence[str] = ["SphinxRoles", "bench_tables", "markdown_docstring", "on_page_markdown", "render"]
+__all__: Sequence[str] = ["ERASURE_ROWS", "SphinxRoles", "bench_tables", "markdown_docstring", "on_page_markdown", "render"]

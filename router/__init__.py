@@ -18,6 +18,7 @@ import logging
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
+from .core.erasure import ErasureResult, ErasureStatus
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
@@ -29,6 +30,7 @@ from .errors import (
     ConfigError,
     ConfigProblem,
     DeleteFailed,
+    ErasureFailed,
     FanOutConflict,
     FanOutFailed,
     GroupsUnsupported,
@@ -46,11 +48,13 @@ from .errors import (
     RolloverError,
     RouterClosed,
     RouterError,
+    SenderErased,
     StaleMetadata,
     UpdateFailed,
     WriteFailed,
     WrongEventLoop,
 )
+from .exports import ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle
 from .fanout.threads import FanOutExecutor, FanOutHandle
 from .ids import copy_id, data_key, object_id_for, outbox_id
@@ -71,6 +75,10 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "DeleteFailed",
+    "ErasureFailed",
+    "ErasureResult",
+    "ErasureStatus",
+    "ExportResult",
     "FanOutConflict",
     "FanOutExecutor",
     "FanOutFailed",
@@ -103,6 +111,7 @@ __all__ = [
     "RouterClosed",
     "RouterConfig",
     "RouterError",
+    "SenderErased",
     "StaleMetadata",
     "TimeMap",
     "Unseen",

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -28,6 +29,7 @@ from .aio_base import AsyncDoorBase, first
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
+from .core.erasure import ErasureResult, ErasureStatus
 from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
@@ -38,6 +40,7 @@ from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
 from .errors import RouterClosed, WriteFailed
+from .exports import ExportFolder, ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, Receivers
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
@@ -483,6 +486,63 @@ class AsyncFeedRouter(AsyncDoorBase):
         Raises :class:`InvalidItem` if no cluster has a job *job_id*.
         """
         return await self._run("fan_out_status", lambda v: calls.fan_out_status(v, job_id))
+
+    # -- a user's data ------------------------------------------------------------------
+
+    async def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
+        """Remove everything *user_id* sent and everything addressed to them, from every cluster; return the counts.
+
+        Example::
+
+            result = await feeds.erase_user(1000765, requested_by="support ticket 4411")
+            result.totals["feed_sent"]          # copies of their posts removed, every cluster
+
+        Each cluster gets the erasure's record first (the user's keyed hash, never the id;
+        who asked, when, and at the end the counts), which every fan-out batch, Celery task,
+        backfill and publish reads after writing, so nothing still running leaves a copy.
+        Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
+        """
+        return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by))
+
+    async def erasure_status(self, user_id: int | str) -> ErasureStatus:
+        """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
+
+        Example::
+
+            status = await feeds.erasure_status(1000765)
+            status.finished                     # every cluster with a record has a done one at or after it
+
+        A record holds the user's keyed hash, never the id. Raises :class:`InvalidItem` for a
+        bad id, :class:`ClusterUnavailable` when a cluster cannot be read.
+        """
+        return await self._run("erasure_status", lambda v: calls.erasure_status(v, user_id))
+
+    async def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
+        """Write what the router holds about *user_id* (posts sent, items received, seen markers, read marks of
+        groups) into the existing, empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each
+        file's SHA-256.
+
+        Example::
+
+            exported = await feeds.export_user(1000765, "/srv/exports/1000765")
+            exported.counts                     # {'sent': 8, 'received': 9, 'seen': 1, 'read': 1}
+
+        Each line is a value of this API (an :class:`Activity` sent, a :class:`FeedItem`
+        received, a seen marker, a read mark), field by field, with the period it was read from. Raises
+        :class:`InvalidItem` for a bad id or an *out* that is not an empty folder, and
+        :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
+        removed).
+
+        On this door the files are written from the event loop, a buffered line at a time.
+        """
+        self._on_loop("export_user")
+        folder = ExportFolder(out, user_id=calls.user(user_id))
+        try:
+            summary = await self._run("export_user", lambda v: calls.export_user(v, user_id, folder))
+        except BaseException:
+            folder.abort()
+            raise
+        return folder.finish(summary)
 
     # -- lifecycle ---------------------------------------------------------------------
 

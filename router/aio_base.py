@@ -129,7 +129,8 @@ class AsyncDoorBase:
     ) -> FanOutResult | AsyncFanOutHandle:
         clusters, _routing = self._started("fan_out")
         run = AsyncFanOutRun(clusters, job, active=calls.active_filter(active), concurrency=concurrency,
-                             policy=self.settings.write.policy, timeout=self.settings.timeout)
+                             policy=self.settings.write.policy, timeout=self.settings.timeout,
+                             pseudonyms=self.settings.pseudonyms)
         if background:
             assert self._fanouts is not None
             return self._fanouts.submit(run, receivers)

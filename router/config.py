@@ -33,6 +33,8 @@ Example file::
       visibility_timeout: 1h       # Redis/SQS: an unacknowledged batch is delivered again after this
       retries: 3                   # a batch whose cluster failed is tried again this many times
       retry_backoff: 5s            # first pause before a retry, doubled each time, jittered
+    erasure:                       # optional; the key of the erasure records' pseudonyms (router.core.pseudonyms)
+      key: ${FEED_ERASURE_KEY}     # a secret of 16 to 64 bytes, the same for every router and worker
     clusters:
       - name: cluster_1
         uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
@@ -239,6 +241,8 @@ class RouterConfig:
     client_idle_close: timedelta = timedelta(minutes=10)
     rollover: RolloverConfig | None = None
     celery: CeleryConfig | None = None
+    #: ``erasure.key``: the secret the erasure records' pseudonyms are keyed with (None: the public default key).
+    erasure_key: str | None = attrs.field(default=None, repr=False)
     source: str = "<config>"
 
     def database_for(self, cluster: str | ClusterConfig) -> str:
@@ -266,7 +270,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     top = r.mapping(
         root, "", {
             "database", "collections", "read_window", "read", "write", "fanout", "refresh_interval", "timeout", "rollover",
-            "celery", "clusters", "clients",
+            "celery", "clusters", "clients", "erasure",
         }
     )
     if top is None:
@@ -327,6 +331,8 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         kwargs["rollover"] = _rollover(r, top["rollover"], {c.name for c in clusters}, bool(clusters))
     if "celery" in top:
         kwargs["celery"] = _celery(r, top["celery"])
+    if "erasure" in top:
+        kwargs["erasure_key"] = _erasure_key(r, top["erasure"])
     if r.problems:
         raise ConfigError(sorted(r.problems, key=lambda p: (p.line, p.column)))
     return RouterConfig(clusters=tuple(clusters), **{k: v for k, v in kwargs.items() if v is not None})
@@ -424,6 +430,27 @@ def _celery(r: YamlReader, node: yaml.Node) -> CeleryConfig | None:
     if broker is None:
         return None
     return CeleryConfig(broker=broker, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+#: The length an ``erasure.key`` must have, in UTF-8 bytes (BLAKE2b takes keys of up to 64).
+ERASURE_KEY_BYTES = (16, 64)
+
+
+def _erasure_key(r: YamlReader, node: yaml.Node) -> str | None:
+    """``erasure.key``: a secret of 16 to 64 bytes; never shown in a problem (only its length)."""
+    spec = r.mapping(node, "erasure", {"key"})
+    if spec is None or "key" not in spec:
+        if spec is not None:
+            r.problem(node, "erasure.key", "is required in an erasure section: a secret of 16 to 64 bytes")
+        return None
+    value = r.value(spec["key"], "erasure.key")
+    low, high = ERASURE_KEY_BYTES
+    size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else None
+    if size is None or not low <= size <= high:
+        got = f"{size} bytes" if size is not None else f"a {type(value).__name__}"
+        r.problem(spec["key"], "erasure.key", f"must be a string of {low} to {high} bytes, kept secret (got {got})")
+        return None
+    return str(value)
 
 
 def _read_window(r: YamlReader, node: yaml.Node) -> ReadWindow | None:

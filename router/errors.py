@@ -39,6 +39,8 @@ __all__ = [
     "ItemDeleted",
     "UnknownLayout",
     "BucketsFull",
+    "SenderErased",
+    "ErasureFailed",
 ]
 
 
@@ -352,3 +354,36 @@ class ItemDeleted(RouterError):
             stopped = (f"; fan-out {result.job_id!r} stopped after {result.batches} batches, "
                        "its copies removed")
         super().__init__(f"data_key {data_key!r:.80} was deleted: it is not published again{stopped}")
+
+
+class SenderErased(ItemDeleted):
+    """Raised when a fan-out, publish or resume meets a post whose sender was erased (``erase_user``): an erased
+    user's posts are never written again. ``data_key`` names the post; ``result`` is the
+    :class:`~router.fanout.FanOutResult` of a run the erasure stopped (``cancelled``, reason ``erased``), else None.
+    The message never names the user."""
+
+    def __init__(self, data_key: str, *, result: Any = None) -> None:
+        self.data_key = data_key
+        self.result = result
+        stopped = ""
+        if result is not None:
+            stopped = f"; fan-out {result.job_id!r} stopped after {result.batches} batches, its copies removed"
+        RouterError.__init__(self, f"data_key {data_key!r:.80}: its sender was erased: it is not written again{stopped}")
+
+
+class ErasureFailed(RouterError):
+    """Raised when an erasure could not finish in every cluster (a cluster down, or a step refused).
+
+    ``request_id`` names the erasure's record; ``counts`` holds what was removed in the clusters that finished,
+    by cluster and collection; ``failed`` maps each cluster that did not finish to its error. Nothing names the
+    user. Calling ``erase_user`` again with the same user finishes it (``feedrouter check`` reports it meanwhile).
+    """
+
+    def __init__(self, request_id: str, counts: Mapping[str, Mapping[str, int]],
+                 failed: Mapping[str, BaseException]) -> None:
+        self.request_id = request_id
+        self.counts = {name: dict(c) for name, c in counts.items()}
+        self.failed = dict(failed)
+        first = "; ".join(f"{name}: {error}" for name, error in sorted(self.failed.items())[:3])
+        super().__init__(f"erasure {request_id} did not finish in {len(self.failed)} clusters ({first}); "
+                         "call erase_user again with the same user to finish it")

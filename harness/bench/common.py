@@ -47,6 +47,8 @@ class Sizes:
     feed_sizes: tuple[int, ...] = (100, 1_000, 20_000)
     #: Copies of the post one delete removes, and receivers of the fan-out an update races.
     big_edits: tuple[int, int] = (400_000, 40_000)
+    #: The user one erasure removes: followers, posts (each pushed to every follower) and items received.
+    erase: tuple[int, int, int] = (10_000, 1_000, 1_000)
     #: Items of the big group in a page of 20 groups.
     group: int = 100_000
 
@@ -55,7 +57,8 @@ SIZES = {
     "full": Sizes(writes=30_000, cpu=100_000, reps=5, reads=50, deletes=300, fanout=1_000_000, memory=(100_000, 1_000_000),
                   celery=(50_000, 3), layouts=(100_000, 50, 5_000, 3)),
     "small": Sizes(writes=2_000, cpu=5_000, reps=3, reads=20, deletes=30, fanout=20_000, memory=(5_000, 20_000),
-                   celery=(2_000, 1), layouts=(2_000, 2, 300, 2), feed_sizes=(20, 200), big_edits=(5_000, 2_000), group=2_000),
+                   celery=(2_000, 1), layouts=(2_000, 2, 300, 2), feed_sizes=(20, 200), big_edits=(5_000, 2_000),
+                   erase=(200, 30, 50), group=2_000),
 }
 
 

@@ -22,6 +22,7 @@ from ..localservers import LocalClusters
 from .common import NAMES, SIZES, UTC, Result
 from .doors import bench_doors
 from .edits import bench_big_edits, bench_delete
+from .erase import bench_erase, bench_registry, bench_sender_index
 from .feedsize import bench_feed_size
 from .groups import bench_groups
 from .fanout import bench_fanout, bench_fanout_memory
@@ -127,6 +128,9 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
                                                   reps=3 if size == "full" else 1)),
             ("big_edits", lambda: bench_big_edits(servers, copies=s.big_edits[0], during=s.big_edits[1])),
             ("plans", lambda: bench_plans(servers, items=20_000 if size == "full" else 2_000)),
+            ("sender_index", lambda: bench_sender_index(servers, copies=s.fanout // 20, writes=s.writes, reps=s.reps)),
+            ("registry", lambda: bench_registry(servers, writes=s.writes, copies=s.fanout // 20, reps=s.reps)),
+            ("erase_user", lambda: bench_erase(servers, followers=s.erase[0], posts=s.erase[1], inbox=s.erase[2])),
         ]
         results: list[Result] = []
         for name, step in steps:

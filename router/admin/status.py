@@ -15,11 +15,13 @@ from ..errors import ClusterUnavailable, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
+from ..core.erasure import ErasureRecord, unsettled
 from ..core.layouts import DEFAULT
+from ..storage import finds
 from .migrate import applied_migrations, discover
 from .periods import layout_problem
 
-__all__ = ["check_report", "status_rows"]
+__all__ = ["check_report", "status_rows", "unfinished_erasures"]
 
 
 def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
@@ -40,6 +42,8 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
             missing = [m.id for m in migrations if m.id not in done]
             if missing:
                 problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
+        for name, found in clusters.each(unfinished_erasures, reachable).items():
+            problems += [str(found)] if isinstance(found, ClusterUnavailable) else found
         capabilities = clusters.each(lambda c: c.capabilities(), reachable)
         for name, caps in capabilities.items():
             if isinstance(caps, ClusterUnavailable):
@@ -57,6 +61,29 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
                               for m in timemap.periods]
         report["gaps"] = [[a, b] for a, b in timemap.gaps]
     return report, timemap
+
+
+def unfinished_erasures(cluster: Cluster) -> list[str]:
+    """A problem for each erasure record of *cluster* still ``running`` that no ``done`` erasure of the same user,
+    requested at or after it, settles (an ``erase_user`` that stopped part-way and was not called again:
+    :func:`~router.core.erasure.unsettled`)."""
+    records = cluster.db["erasures"]
+    running = cluster.call("reading erasure records", lambda: finds.read(records, {"state": "running"}))
+    if not running:
+        return []
+    users = list({r["user"]: None for r in running if "user" in r})
+    theirs = cluster.call("reading erasure records", lambda: finds.read(records, {"user": {"$in": users}}))
+    by_user: dict[Any, list[ErasureRecord]] = {}
+    for doc in theirs + [r for r in running if "user" not in r]:
+        by_user.setdefault(doc.get("user"), []).append(ErasureRecord.from_document(cluster.name, doc))
+    problems = []
+    for record in (r for user_records in by_user.values() for r in unsettled(user_records)):
+        when = record.requested_at
+        problems.append(
+            f"cluster {cluster.name!r}: erasure {record.request_id} (asked by {record.requested_by!r} at "
+            f"{when.isoformat() if when is not None else '?'}) did not finish: call erase_user "
+            "(feedrouter erase) again for the same user; feedrouter erase-status USER shows it")
+    return problems
 
 
 def _cluster_status(cluster: Cluster, config: RouterConfig) -> dict[str, Any]:

@@ -7,13 +7,17 @@ change), 2 usage or configuration error. No traceback unless ``-v``.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
+
+import attrs
 
 from ..admin.migrate import discover, migrate_cluster
 from ..admin.periods import apply_period, plan_period, retire
@@ -23,6 +27,7 @@ from ..admin.status import check_report, status_rows
 from ..storage.capabilities import Capabilities
 from ..config import RouterConfig, load_config
 from ..core.checkpoint import JobStatus
+from ..core.erasure import COUNTED
 from ..core.groups import DEFAULT_GROUP_BY
 from ..errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
 from ..storage.clusters import Clusters
@@ -320,6 +325,60 @@ def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0
 
 
+def _cmd_erase(args: argparse.Namespace, config: RouterConfig) -> int:
+    from ..sync import FeedRouter
+
+    who = args.by or f"{getpass.getuser()}@{socket.gethostname()} (feedrouter erase)"
+    with FeedRouter(config, refresh=False) as router:
+        result = router.erase_user(args.user, requested_by=who)
+    lines = [f"erasure {result.request_id}: erased in {len(result.clusters)} clusters, requested by {who!r}",
+             f"  {'cluster':<14} " + " ".join(f"{what:>14}" for what in COUNTED)]
+    lines += [f"  {c.cluster:<14} " + " ".join(f"{c.counts.get(what, 0):>14}" for what in COUNTED) for c in result.clusters]
+    lines.append(f"  {'total':<14} " + " ".join(f"{n:>14}" for n in result.totals.values()))
+    _emit(args, result.to_json(), "\n".join(lines))
+    return 0
+
+
+def _cmd_erase_status(args: argparse.Namespace, config: RouterConfig) -> int:
+    from ..sync import FeedRouter
+
+    with FeedRouter(config, refresh=False) as router:
+        status = router.erasure_status(args.user)
+    lines: list[str] = []
+    for record in status.records:
+        when = record.requested_at.isoformat() if record.requested_at else "?"
+        done = f"done at {record.finished_at.isoformat()}" if record.finished_at else record.state
+        counts = ", ".join(f"{what} {n}" for what, n in record.counts.items() if n) or "-"
+        lines.append(f"erasure {record.request_id} in {record.cluster}: {done}; asked by {record.requested_by!r} at "
+                     f"{when}; removed {counts}")
+    if not status.records:
+        lines.append("no erasure of this user is recorded in any cluster")
+    elif status.unfinished:
+        lines.append(f"NOT finished in {', '.join(status.unfinished)}: run feedrouter erase again")
+    else:
+        lines.append("finished in every cluster that holds a record")
+    _emit(args, status.to_json(), "\n".join(lines))
+    if not status.finished:
+        raise _Failed
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace, config: RouterConfig) -> int:
+    from ..sync import FeedRouter
+
+    with FeedRouter(config, refresh=False) as router:
+        try:
+            result = router.export_user(args.user, args.dir)
+        except InvalidItem as exc:
+            raise _UsageError(str(exc)) from None
+    files = {f.name: attrs.asdict(f) for f in result.files.values()}
+    lines = [f"exported to {result.folder} from {len(result.periods)} periods; manifest {result.manifest}"]
+    lines += [f"  {f.name}: {f.records} records, sha256 {f.sha256}" for f in result.files.values()]
+    _emit(args, {"folder": str(result.folder), "files": files, "periods": [p[0] for p in result.periods]},
+          "\n".join(lines))
+    return 0
+
+
 def _group_json(g: Any) -> dict[str, Any]:
     return {"key": g.key, "values": [_plain(v) for v in g.values], "window_start": g.window_start.isoformat(),
             "count": g.count, "actor_count": g.actor_count, "actors": [_plain(a) for a in g.actors],
@@ -383,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "worker": _cmd_worker,
             "fanout-status": _cmd_fanout_status,
             "unseen": _cmd_unseen,
+            "erase": _cmd_erase,
+            "erase-status": _cmd_erase_status,
+            "export": _cmd_export,
             "groups": _cmd_groups,
         }
         return commands[args.command](args, config)

@@ -173,6 +173,39 @@ def build_parser() -> argparse.ArgumentParser:
     unseen.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
     unseen.add_argument("--cap", type=_cap, default=99, metavar="N",
                         help=f"stop counting past N, from 1 to {MAX_CAP} (default: %(default)s)")
+    user_help = ("the user id: ASCII digits (an optional minus sign; put -- before a negative id) mean an int id, which "
+                 "must fit in 64 bits; anything else is a str id")
+    erase = sub.add_parser(
+        "erase",
+        help="erase a user: everything they sent and everything addressed to them, every cluster, with a record",
+        description="Remove everything USER sent (copies in every feed, outbox entries, their posts' job and edit "
+        "records) and everything addressed to them (their feed, seen markers, read marks), from every configured "
+        "cluster, after "
+        "leaving an erasure record in each (the user's keyed hash, who asked, when; then the counts), which fan-outs, "
+        "Celery workers and backfills still running read. Prints the counts per cluster and collection, never the "
+        "user's data. Exits 1 if a cluster did not finish: run it again.",
+    )
+    erase.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
+    erase.add_argument("--by", metavar="WHO", default=None,
+                       help="who asked, kept in the record, e.g. a ticket (default: the operator's login and host)")
+    erase_status = sub.add_parser(
+        "erase-status",
+        help="a user's erasure records: who asked, when, the counts, finished or not",
+        description="Print every erasure record of USER in every cluster (looked up by the user's keyed hash). "
+        "Exits 0 when every cluster holding a record of the user holds a finished one, 1 otherwise (none recorded, "
+        "or one that did not finish: run feedrouter erase again).",
+    )
+    erase_status.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
+    export = sub.add_parser(
+        "export",
+        help="export what the router holds about a user into a folder (JSON Lines and a manifest)",
+        description="Write USER's posts as sent, the items they received, their seen markers and read marks into DIR "
+        "(an existing folder holding no export) as sent.jsonl, received.jsonl, seen.jsonl and read.jsonl, each in "
+        "time order "
+        "across every period, then manifest.json with the periods read and each file's records and SHA-256.",
+    )
+    export.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
+    export.add_argument("dir", metavar="DIR", type=Path, help="an existing, empty folder")
     groups = sub.add_parser(
         "groups",
         help="a receiver's notifications as groups, with seen and read (for support staff)",

@@ -12,7 +12,7 @@ Example (what a door method amounts to)::
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import attrs
@@ -25,6 +25,8 @@ from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
 from .checkpoint import JobStatus, fenced_status, find_job
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
+from .erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, status_program
+from .export import ExportPlan, ExportSummary, Sink, export_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
 from .fence import NEVER, read_fences
 from .group_reads import ALL, GroupPlan, Mark, groups_program, mark_read_program, unseen_groups_program
@@ -45,15 +47,15 @@ from .policy import deadline_in
 from .reads import ReadPlan, read_program
 from .routing import Routing, routed
 from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_of, marker_program, unseen_program
-from .settings import MAX_PAGE, MAX_TYPES, Settings
+from .settings import MAX_PAGE, MAX_TYPES, Settings, pseudonyms_of
 from .social import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
 from .steps import Concurrently, Failure, Program
 from .writes import write_program
 
 __all__ = [
-    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "fan_out_status", "follow", "mark_read",
-    "mark_seen", "plan_fan_out", "read", "read_groups", "seen_position", "unfollow", "unseen_count", "unseen_groups",
-    "update", "write_many",
+    "Active", "View", "active_filter", "backfill", "concurrency", "delete", "erase_user", "erasure_status",
+    "export_user", "fan_out_status", "follow", "mark_read", "mark_seen", "plan_fan_out", "read", "read_groups",
+    "seen_position", "unfollow", "unseen_count", "unseen_groups", "update", "user", "write_many",
 ]
 
 #: Which receivers get a copy: a predicate, or a container (usually a set) of active ids.
@@ -196,6 +198,7 @@ def backfill(
     return backfill_program(
         receiver, chosen, timemap=view.routing.timemap, now=view.now, window=view.config.read_window, since=since,
         limit=count, policy=view.settings.write.policy, timeout=view.settings.timeout,
+        pseudonyms=view.settings.pseudonyms,
     )
 
 
@@ -231,7 +234,7 @@ def publish(
     size = view.config.batch_size if batch_size is None else batch_size
     return publish_program(activity, followers, view.routing, pull=pull, threshold=view.settings.pull_threshold,
                            batch_size=size, job_id=job_id, policy=view.settings.write.policy,  # type: ignore[arg-type]
-                           timeout=view.settings.timeout)
+                           timeout=view.settings.timeout, pseudonyms=view.settings.pseudonyms)
 
 
 def concurrency(value: object) -> int:
@@ -258,6 +261,38 @@ def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
     if failures:
         raise failures[0]
     raise InvalidItem("job_id", f"no cluster has a fan-out job {job_id!r:.80}")
+
+
+# -- a user's data -----------------------------------------------------------------------------
+
+
+def user(user_id: object) -> int | str:
+    """*user_id* checked: a user id is what a receiver or sender id is (:class:`InvalidItem` naming ``user_id``)."""
+    return _receiver(user_id, "user_id")
+
+
+def erase_user(view: View, user_id: object, *, requested_by: object) -> Program[ErasureResult]:
+    """``erase_user``: everything of the user, in every configured cluster; see :mod:`router.core.erasure`."""
+    who = user(user_id)
+    if not is_text(requested_by):
+        raise InvalidItem("requested_by", f"{TEXT_RULE}: who asked for the erasure, e.g. a ticket "
+                                          f"(got {requested_by!r:.80})")
+    plan = ErasurePlan(user_id=who, names=view.names, timemap=view.routing.timemap, settings=view.settings.edit,
+                       pseudonyms=view.settings.pseudonyms or pseudonyms_of(view.config), requested_by=requested_by,
+                       request_id=str(ObjectId()), now=datetime.now(timezone.utc))
+    return erase_program(plan)
+
+
+def erasure_status(view: View, user_id: object) -> Program[ErasureStatus]:
+    """``erasure_status``: the user's erasure records, in every configured cluster."""
+    pseudonyms = view.settings.pseudonyms or pseudonyms_of(view.config)
+    return status_program(pseudonyms.of(user(user_id)), view.names, deadline=deadline_in(view.settings.timeout))
+
+
+def export_user(view: View, user_id: object, sink: Sink) -> Program[ExportSummary]:
+    """``export_user``: what the router holds about the user, to *sink*; see :mod:`router.core.export`."""
+    plan = ExportPlan(user_id=user(user_id), timemap=view.routing.timemap, timeout=view.settings.timeout)
+    return export_program(plan, sink)
 
 
 # -- aggregated notifications (groups) --------------------------------------------------------

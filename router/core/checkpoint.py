@@ -42,38 +42,92 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, RouterError
+from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RouterError
 from ..model import to_millis
+from .layouts import posts
 from .fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
 from .layouts.queries import outside_clause
-from .policy import DUPLICATE_KEY, deadline_in
-from .steps import Collection, Concurrently, Failure, Find, Insert, InsertOutcome, Program, Update, ask
+from .policy import DUPLICATE_KEY, RetryPolicy, deadline_in
+from .pseudonyms import Pseudonyms
+from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
+from .writes import insert_program
 
 
 __all__ = [
     "JobStatus", "MAX_JOB_RECEIVERS", "MAX_MISSING_LISTED", "SENT_COLLECTION", "admit_batch", "announce_batch",
-    "check_batch", "check_checkpoint",
-    "done_batches", "find_job", "finish_checkpoint", "fenced_status", "job_status", "open_checkpoint", "read_batches", "record_batch", "start_job",
-"outside", ]
+    "check_batch", "check_checkpoint", "done_batches", "drop_checkpoint", "drop_jobs", "find_job", "finish_checkpoint",
+    "fenced_status", "jobs_of", "job_status", "open_checkpoint", "outside", "read_batches", "record_batch",
+    "start_job",
+]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
 
 
-def start_job(job: FanOutJob, *, timeout: float) -> Program[tuple[set[int], Fence]]:
-    """Refuse a deleted post, then open the job's checkpoint: the batches done, and the fence to write under."""
-    fence = yield from refuse_deleted(job.cluster, job.activity.data_key, timeout=timeout)
+def start_job(
+    job: FanOutJob, *, timeout: float, pseudonyms: Pseudonyms | None = None, policy: RetryPolicy = RetryPolicy(),
+) -> Program[tuple[set[int], Fence]]:
+    """Register the post by its sender (:mod:`router.core.layouts.posts`), refuse a deleted post or (with *pseudonyms*)
+    an erased sender's, then open the job's checkpoint: the batches done, and the fence to write under.
+
+    The registry entry is written before the fence is read, as every writer's documents
+    are (:mod:`router.core.fence`): an erasure that began before the read refuses the job
+    here, one that began after it finds the post by its entry. A refused post's entry is
+    removed again. Raises :class:`~router.errors.SenderErased`, :class:`ItemDeleted`, or the
+    cluster's error.
+    """
+    a = job.activity
+    post = posts.Registered(a.sender_id, a.data_key, a.event_time)
+    stored = yield from insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline_in(timeout),
+                                       duplicates="present")
+    if stored.failed:
+        raise next(iter(stored.failed.values()))
+    try:
+        fence = yield from refuse_deleted(job.cluster, a.data_key, timeout=timeout, sender=a.sender_id,
+                                          pseudonyms=pseudonyms)
+    except ItemDeleted:
+        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
+            yield request  # (left behind if this fails: the post's erasure or a later start removes it)
+        raise
     done = yield from open_checkpoint(job, timeout=timeout)
     return done, fence
 
 
+def jobs_of(cluster: str, keys: Sequence[str], deadline: float) -> Program[list[Any] | Failure]:
+    """The ids of the fan-out jobs of the posts *keys* in *cluster* (by the index ``data_key`` of migration 0006)."""
+    docs = yield Find(cluster, "fanouts", {"data_key": {"$in": list(keys)}}, deadline, projection={"_id": 1})
+    return docs if isinstance(docs, Failure) else [doc["_id"] for doc in docs]
+
+
+def drop_jobs(cluster: str, job_ids: Sequence[Any], deadline: float) -> list[tuple[Collection, Delete]]:
+    """The requests that remove the checkpoints of *job_ids* (batch records, sent-batch records, then the jobs), each
+    with its collection."""
+    ids = list(job_ids)
+    records: tuple[tuple[Collection, dict[str, Any]], ...] = (
+        ("fanout_batches", {"job": {"$in": ids}}), (SENT_COLLECTION, {"job": {"$in": ids}}), ("fanouts", {"_id": {"$in": ids}}))
+    return [(c, Delete(cluster, c, match, deadline)) for c, match in records]
+
+
+def drop_checkpoint(job: FanOutJob, *, timeout: float) -> Program[ClusterUnavailable | None]:
+    """Remove the job's checkpoint (its document and every batch record): what a run does when it finds its post's
+    sender erased, so nothing of the post stays. Returns the error that stopped it, or None."""
+    for _collection, request in drop_jobs(job.cluster, [job.job_id], deadline_in(timeout)):
+        answer = yield request
+        if isinstance(answer, Failure):
+            log.warning("fan-out %r: its sender was erased, but its checkpoint could not be removed: %s", job.job_id,
+                        answer.error, extra=job.log_extra)
+            return answer.error
+    return None
+
+
 def fenced_status(status: JobStatus, fence: Fence) -> JobStatus:
     """*status* as the fence tells it: a job whose post was deleted is ``cancelled`` with reason ``deleted``
-    (unless every batch was done before the delete)."""
+    (``erased`` when its sender was), unless every batch was done before."""
     if not fence.deleted:
         return status
-    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled", reason="deleted")
+    return attrs.evolve(status, state="done" if status.state == "done" else "cancelled",
+                        reason="erased" if fence.erased else "deleted")
 
 
 #: Where a Celery publisher records each batch it sends, before sending it (:func:`announce_batch`).

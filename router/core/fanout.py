@@ -38,9 +38,9 @@ from ..errors import InvalidItem, RouterError
 from ..ids import copy_ids
 from ..model import Activity, to_millis, to_utc
 from ..observe import Event
-from .checkpoint import admit_batch, check_batch, record_batch
+from .checkpoint import admit_batch, check_batch, drop_checkpoint, record_batch
 from .checks import check_activity, receiver_problem
-from .fence import NEVER, Fence, settle
+from .fence import NEVER, Fence, Parties, settle
 from .jobs import (
     DEFAULT_CONCURRENCY,
     MAX_BATCH_SIZE,
@@ -50,11 +50,12 @@ from .jobs import (
     FanOutJob,
     positive_int,
 )
-from .layouts import LAYOUTS, FanBatch, layout_for
+from .layouts import LAYOUTS, EditSettings, FanBatch, Layout, layout_for
 from .policy import RetryPolicy, deadline_in
+from .pseudonyms import Pseudonyms
 from .routing import Routing, routed
 from .steps import Failure, Program, Report
-from .writes import insert_program
+from .writes import InsertResult, insert_program
 
 __all__ = [
     "BatchOutcome",
@@ -140,6 +141,7 @@ def batch_program(
     record: bool = True,
     admit: bool = False,
     known: Fence = NEVER,
+    pseudonyms: Pseudonyms | None = None,
 ) -> Program[BatchOutcome]:
     """Write batch *number* (receivers from stream position *first*), settle it with the edit fence and record it
     in the checkpoint.
@@ -149,8 +151,13 @@ def batch_program(
     (shared by every copy). *known* is the newest fence the engine has seen: a deleted
     post's batch writes nothing, an updated one's writes the new data. After the insert
     the fence is read (:func:`~router.core.fence.settle`): copies of a post deleted
-    meanwhile are removed again and the batch is not recorded. The batch gets
-    ``timeout`` seconds, retries included.
+    meanwhile are removed again and the batch is not recorded. With *pseudonyms* (every
+    engine passes the router's) the erasure records are read at the same time: copies of a
+    post whose sender was erased are removed again (the fence says :data:`~router.core.fence.ERASED`)
+    and so is the job's checkpoint (when *record*), and the copies of erased receivers are
+    removed again, counted ``skipped``. So no engine handles an erasure itself: a run stops
+    at such a batch (:meth:`~router.core.tally.RunState.add`, read by the run loop). The
+    batch gets ``timeout`` seconds, retries included.
 
     A batch the job cannot have raises :class:`~router.errors.InvalidBatch` before
     anything is written. With *admit* (a batch that comes from elsewhere, e.g. a Celery
@@ -162,8 +169,9 @@ def batch_program(
     else:
         check_batch(job, number, first, len(receivers))
     if known.deleted:
-        return BatchOutcome(number=number, receivers=len(receivers), written=0, already_present=0, skipped=0,
+        gone = BatchOutcome(number=number, receivers=len(receivers), written=0, already_present=0, skipped=0,
                             failed_receivers=(), invalid=0, errors=(), fence=known)
+        return (yield from _forget_job(job, gone, timeout)) if record and known.erased else gone
     valid: list[int | str] = []
     invalid: list[RouterError] = []
     skipped = 0
@@ -194,14 +202,18 @@ def batch_program(
         reasons: list[RouterError] = list(result.failed.values())
         if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
             settled = yield from settle(job.cluster, layout.fix, {a.data_key: ids}, seqs={a.data_key: known.seq},
-                                        timeout=timeout)
+                                        timeout=timeout, parties=Parties({a.data_key: a.sender_id}, {a.data_key: valid},
+                                                                         forget=_forget(layout, timeout)),
+                                        pseudonyms=pseudonyms)
             if isinstance(settled, Failure):  # the copies are in doubt until the fence is read: not written
                 written, already, failed, stopped = 0, 0, list(valid), settled
                 reasons.append(settled.error)
             else:
-                fence = settled[a.data_key]
-                if fence.deleted:  # deleted meanwhile: settle removed them again
+                fence = settled.fences[a.data_key]
+                if fence.deleted:  # deleted (or its sender erased) meanwhile: settle removed them again
                     written = already = 0
+                elif settled.erased:  # erased receivers: their copies were removed again, and they count as skipped
+                    written, already, skipped = _without(settled.erased, valid, result, written, already, skipped)
         seen: set[str] = set()
         for error in reasons:
             if str(error) not in seen:
@@ -218,6 +230,8 @@ def batch_program(
     if invalid:
         log.warning("fan-out %r: batch %d: %d invalid receivers, e.g. %s", job.job_id, number, len(invalid), invalid[0],
                     extra=job.log_extra)
+    if record and fence is not None and fence.erased:
+        return (yield from _forget_job(job, outcome, timeout))
     if record and not (fence is not None and fence.deleted):
         trouble = yield from record_batch(job, outcome, timeout)
         if trouble is not None:
@@ -225,3 +239,22 @@ def batch_program(
     return outcome
 
 
+def _forget_job(job: FanOutJob, outcome: BatchOutcome, timeout: float) -> Program[BatchOutcome]:
+    """A batch that found its post's sender erased removes the job's checkpoint, whichever engine runs it (a run's
+    batch, a Celery task): nothing of the post stays. (A run removes it again when it ends, after its last batch.)"""
+    trouble = yield from drop_checkpoint(job, timeout=timeout)
+    return outcome if trouble is None else attrs.evolve(outcome, errors=outcome.errors + (trouble,))
+
+
+def _without(erased: frozenset[int | str], valid: Sequence[Any], result: InsertResult, written: int, already: int,
+             skipped: int) -> tuple[int, int, int]:
+    """The batch's counts once the copies of *erased* receivers were removed again: they count as skipped."""
+    present = set(result.present)
+    gone = [p for p, receiver in enumerate(valid) if receiver in erased and p not in result.failed]
+    again = sum(1 for p in gone if p in present)
+    return written - (len(gone) - again), already - again, skipped + len(gone)
+
+
+def _forget(layout: Layout, timeout: float) -> Callable[[str, int | str], Program[tuple[int, Any]]]:
+    """What removes everything of an erased receiver a batch meets, in the layout's steps."""
+    return lambda cluster, receiver: layout.remove_received(cluster, receiver, EditSettings(timeout=timeout))

@@ -29,19 +29,31 @@ duplicate ``_id``: another update took that number; read again and take the next
 removes the records it supersedes. A tombstone sorts above every update and is final:
 ``fan_out``/``publish`` of a deleted ``data_key`` raise :class:`~router.errors.ItemDeleted`.
 
+**Erasures** (:mod:`router.core.erasure`) ride on the same rule. An erasure first leaves a
+record in every cluster's ``erasures``, holding the user's pseudonym
+(:mod:`router.core.pseudonyms`), then removes what names the user. A writer that says whom
+its documents name (:class:`Parties`: each key's sender, each copy's receiver) reads those
+records in the same step as the fence (two ``find``\\ s at once), and removes its documents
+of an erased sender (the key's fence becomes :data:`ERASED`, final like a tombstone: the run
+stops) and its copies for erased receivers (:attr:`Settled.erased`). The proof is the one
+above, with the erasure's record for ``R``.
+
 **Cost.** A batch of a post that was never edited pays one ``find`` after its insert (an
-index lookup that finds nothing). Engines pass the newest fence they know to later
+index lookup that finds nothing), and one more at the same time on ``erasures`` (a lookup
+of the sender's and receivers' pseudonyms). Engines pass the newest fence they know to later
 batches (:class:`FenceMemo`), so a run stops at the first batch that finds a tombstone
 and writes the new data once it has seen an update.
 
 Example::
 
-    fences = driver.run(settle("cluster_3", layout.fix, {key: copy_ids}, seqs={key: 0}, timeout=10.0))
-    if fences[key].deleted: ...   # the copies just written are gone again
+    settled = driver.run(settle("cluster_3", layout.fix, {key: copy_ids}, seqs={key: 0}, timeout=10.0,
+                                parties=Parties({key: sender}, {key: receivers}), pseudonyms=Pseudonyms()))
+    if settled.fences[key].deleted: ...   # the copies just written are gone again
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -51,24 +63,29 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterUnavailable, ItemDeleted
+from ..errors import ClusterUnavailable, ItemDeleted, SenderErased
 from .policy import RetryPolicy, deadline_in
 from .layouts import Writer
-from .steps import Collection, Delete, Failure, Find, Insert, Program, Request
+from .pseudonyms import Pseudonyms
+from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request
 from .writes import insert_program
 
 
 __all__ = [
-    "DELETED", "EDITS_COLLECTION", "Fence", "FenceMemo", "Fixer", "NEVER", "mark_deleted", "mark_updated", "read_fences",
-    "refuse_deleted", "settle",
+    "DELETED", "EDITS_COLLECTION", "ERASED", "ERASURES_COLLECTION", "Fence", "FenceMemo", "Fixer", "NEVER", "Parties",
+    "Settled", "forget", "mark_deleted", "mark_updated", "read_erasures", "read_fences", "refuse_deleted", "settle",
 ]
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
 #: The collection, in every cluster, that holds the edit records.
 EDITS_COLLECTION: Collection = "edits"
+#: The collection, in every cluster, that holds the erasure records (:mod:`router.core.erasure`).
+ERASURES_COLLECTION: Collection = "erasures"
 #: A tombstone's ``seq``: above every update's.
 DELETED = 2**62
+#: The ``seq`` of the fence of a post whose sender was erased: above a tombstone's, and as final.
+ERASED = DELETED + 1
 _SORT = [("seq", -1)]
 _PROJECTION = {"_id": 0, "data_key": 1, "seq": 1, "data": 1}
 
@@ -83,8 +100,13 @@ class Fence:
 
     @property
     def deleted(self) -> bool:
-        """True once the ``data_key`` was deleted (final)."""
+        """True once the ``data_key`` was deleted, or its sender erased (final)."""
         return self.seq >= DELETED
+
+    @property
+    def erased(self) -> bool:
+        """True once the post's sender was erased (final; :attr:`deleted` is true too)."""
+        return self.seq >= ERASED
 
     @property
     def updated(self) -> bool:
@@ -98,6 +120,31 @@ class Fence:
 
 #: The fence of a ``data_key`` that was never edited.
 NEVER = Fence()
+#: The fence of a post whose sender was erased.
+SENDER_ERASED = Fence(ERASED)
+
+
+@attrs.frozen
+class Parties:
+    """Whom documents just written name, for the erasure check: each ``data_key``'s sender, and for copies the
+    receiver of each ``_id`` (``receivers[key][i]`` is the receiver of the key's ``i``-th id; absent: no receiver,
+    as an outbox entry has)."""
+
+    senders: Mapping[str, int | str]
+    receivers: Mapping[str, Sequence[int | str]] = attrs.field(factory=dict)
+    #: What removes everything a cluster's feed holds for an erased receiver (``(cluster, receiver)``: the layout's
+    #: :meth:`~router.core.layouts.Layout.remove_received`): a bucket is its receiver's document, so removing the copies
+    #: just written would leave it naming them. Without it, only the copies just written are removed.
+    forget: Callable[[str, int | str], Program[tuple[int, Any]]] | None = None
+
+
+@attrs.frozen
+class Settled:
+    """What :func:`settle` found: each key's fence, and the receivers found erased (their copies just written were
+    removed again; none of them gets a copy)."""
+
+    fences: dict[str, Fence]
+    erased: frozenset[int | str] = frozenset()
 
 
 def fence_of(records: Sequence[Mapping[str, Any]]) -> dict[str, Fence]:
@@ -127,12 +174,43 @@ def read_fences(cluster: str, keys: Sequence[str], deadline: float) -> Program[d
     return fence_of(found)
 
 
-def refuse_deleted(cluster: str, data_key: str, *, timeout: float) -> Program[Fence]:
-    """The fence of *data_key* in *cluster*; raises :class:`ItemDeleted` for a deleted one, the cluster's error if
-    it cannot be read."""
-    fences = yield from read_fences(cluster, [data_key], deadline_in(timeout))
-    if isinstance(fences, Failure):
-        raise fences.error
+def read_erasures(cluster: str, pseudonyms: Sequence[bytes], deadline: float) -> Program[set[bytes] | Failure]:
+    """Which of *pseudonyms* have an erasure record in *cluster* (one ``find``, by the index ``user``)."""
+    found = yield Find(cluster, ERASURES_COLLECTION, {"user": {"$in": list(pseudonyms)}}, deadline,
+                       projection={"_id": 0, "user": 1})
+    if isinstance(found, Failure):
+        return found
+    return {bytes(d["user"]) for d in found if isinstance(d.get("user"), bytes)}
+
+
+def _fences_and_erasures(
+    cluster: str, keys: Sequence[str], people: Mapping[bytes, int | str], deadline: float
+) -> Program[tuple[dict[str, Fence], set[int | str]] | Failure]:
+    """The fences of *keys* and which of *people* (by pseudonym) were erased, read at the same time."""
+    if not people:
+        only = yield from read_fences(cluster, keys, deadline)
+        return only if isinstance(only, Failure) else (only, set())
+    fences, erased = yield Concurrently([read_fences(cluster, keys, deadline),
+                                         read_erasures(cluster, list(people), deadline)], [cluster, cluster])
+    for answer in (fences, erased):
+        if isinstance(answer, Failure):
+            return answer
+    return fences, {people[p] for p in erased}
+
+
+def refuse_deleted(
+    cluster: str, data_key: str, *, timeout: float, sender: int | str | None = None,
+    pseudonyms: Pseudonyms | None = None,
+) -> Program[Fence]:
+    """The fence of *data_key* in *cluster*; raises :class:`ItemDeleted` for a deleted one (:class:`SenderErased`
+    when *sender*, given with *pseudonyms*, was erased), the cluster's error if it cannot be read."""
+    people = pseudonyms.many([sender]) if sender is not None and pseudonyms is not None else {}
+    found = yield from _fences_and_erasures(cluster, [data_key], people, deadline_in(timeout))
+    if isinstance(found, Failure):
+        raise found.error
+    fences, erased = found
+    if erased:
+        raise SenderErased(data_key)
     fence = fences.get(data_key, NEVER)
     if fence.deleted:
         raise ItemDeleted(data_key)
@@ -145,24 +223,48 @@ Fixer = Callable[[str, str, Sequence[Any], "Mapping[str, Any] | None", float], l
 
 def settle(
     cluster: str, fix: Fixer, written: Mapping[str, Sequence[Any]], *, seqs: Mapping[str, int] | None = None,
-    timeout: float,
-) -> Program[dict[str, Fence] | Failure]:
-    """Bring documents just written up to the fence: remove those of deleted keys, re-apply newer updates.
+    timeout: float, parties: Parties | None = None, pseudonyms: Pseudonyms | None = None,
+) -> Program[Settled | Failure]:
+    """Bring documents just written up to the fence: remove those of deleted keys, re-apply newer updates, and (with
+    *parties* and *pseudonyms*) remove those of erased senders and the copies of erased receivers.
 
     *written* maps each ``data_key`` to the ``_id``\\ s just written (copies, by the cluster's
     layout, or an entry in ``outbox``), and *fix* gives the requests that remove or re-data
     them; *seqs* gives the edit each key's data came from (0, the default: the data as
     published). Reads the fence again after every update it applies, until nothing newer
-    is found. Returns each key's fence, or the :class:`Failure` that stopped it (the
-    documents are then in doubt: report them not written).
+    is found. Returns each key's fence (:data:`ERASED` for an erased sender's) and the
+    erased receivers, or the :class:`Failure` that stopped it (the documents are then in
+    doubt: report them not written).
     """
     deadline = deadline_in(timeout)
     pending = {key: (seqs or {}).get(key, 0) for key in written}
     fences: dict[str, Fence] = {}
+    people: dict[bytes, int | str] = {}
+    if parties is not None and pseudonyms is not None:
+        people = pseudonyms.many(itertools.chain(parties.senders.values(), *parties.receivers.values()))
+    found_erased: set[int | str] = set()
+    receivers: set[int | str] = set()
+    first = True
     while pending:
-        found = yield from read_fences(cluster, list(pending), deadline)
-        if isinstance(found, Failure):
-            return found
+        if first:
+            first = False
+            both = yield from _fences_and_erasures(cluster, list(pending), people, deadline)
+            if isinstance(both, Failure):
+                return both
+            found, found_erased = both
+            if found_erased:
+                assert parties is not None
+                outcome = yield from _drop_erased(cluster, fix, written, parties, found_erased, deadline)
+                if isinstance(outcome, Failure):
+                    return outcome
+                gone, receivers = outcome
+                fences.update({key: SENDER_ERASED for key in gone})
+                pending = {key: seq for key, seq in pending.items() if key not in gone}
+        else:
+            again = yield from read_fences(cluster, list(pending), deadline)
+            if isinstance(again, Failure):
+                return again
+            found = again
         doomed = [key for key in pending if found.get(key, NEVER).deleted]
         newer = {key: found[key].seq for key, seq in pending.items() if key in found and seq < found[key].seq < DELETED}
         fences.update({key: found.get(key, NEVER) for key in pending})
@@ -176,7 +278,40 @@ def settle(
             log.info("cluster %s: documents written under an edit: %d keys' documents removed, %d keys' updated again",
                      cluster, len(doomed), len(newer), extra={"cluster": cluster})
         pending = newer
-    return fences
+    return Settled(fences, frozenset(receivers))
+
+
+def _drop_erased(
+    cluster: str, fix: Fixer, written: Mapping[str, Sequence[Any]], parties: Parties, erased: set[int | str],
+    deadline: float,
+) -> Program[tuple[set[str], set[int | str]] | Failure]:
+    """Remove the documents just written of erased senders (whole keys) and for erased receivers (their ids);
+    return the keys removed whole and the receivers whose copies were removed."""
+    gone = {key for key, sender in parties.senders.items() if key in written and sender in erased}
+    receivers: set[int | str] = set()
+    for key, ids in written.items():
+        if key in gone:
+            chosen = list(ids)
+        else:
+            names = parties.receivers.get(key, ())
+            chosen = [oid for oid, receiver in zip(ids, names) if receiver in erased]
+            receivers.update(receiver for receiver in names if receiver in erased)
+            if parties.forget is not None:  # the receivers' documents go whole, below
+                continue
+        for request in fix(cluster, key, chosen, None, deadline) if chosen else ():
+            answer = yield request
+            if isinstance(answer, Failure):
+                return answer
+    forget = parties.forget
+    if forget is not None:
+        for receiver in sorted(receivers, key=str):
+            _removed, error = yield from forget(cluster, receiver)
+            if error is not None:
+                trouble = error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
+                return Failure("unavailable", trouble)
+    log.info("cluster %s: documents written for erased users removed again: %d keys whole, copies of %d receivers",
+             cluster, len(gone), len(receivers), extra={"cluster": cluster})
+    return gone, receivers
 
 
 class _Records(Writer[list[dict[str, Any]]]):
@@ -240,6 +375,12 @@ def mark_updated(
             yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": seq}}, deadline)
             return None
         # another update took this seq first: read again and take the next one
+
+
+def forget(cluster: str, keys: Sequence[str], deadline: float) -> Delete:
+    """The request that removes every edit record of *keys* in *cluster* (an erasure: an update's record holds the
+    post's data)."""
+    return Delete(cluster, EDITS_COLLECTION, {"data_key": {"$in": list(keys)}}, deadline)
 
 
 class FenceMemo:

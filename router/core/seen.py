@@ -43,9 +43,9 @@ from .layouts import Layout, layout_for, outbox
 from .layouts.queries import older_than, outside_clause
 from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
-__all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Unseen", "UnseenPlan", "highest_read_marks", "mark_program", "marker_of",
-           "marker_program", "read_mark_documents", "read_marks_below", "read_marks_find", "unseen_program",
-           "outside"]
+__all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "highest_read_marks",
+           "mark_program", "marker_of", "marker_program", "markers", "outside", "ReadMark", "read_mark_documents",
+           "read_marks", "read_marks_below", "read_marks_find", "unseen_program"]
 
 log = logging.getLogger(__name__)
 #: The order of a receiver's markers, highest first (the index 0004 creates).
@@ -145,6 +145,47 @@ def marker_program(receiver_id: int | str, names: Sequence[str], *, deadline: fl
         if docs:
             return Position(docs[0]["event_time"], docs[0]["key"]), i
     return None, len(names)
+
+
+@attrs.frozen
+class Marker:
+    """A seen marker as an export shows it: its time and the id of the item marked."""
+
+    event_time: datetime
+    item: ObjectId
+
+
+def markers(cluster: str, receiver_id: int | str, deadline: float) -> Program[list[Marker] | Failure]:
+    """Every seen marker of *receiver_id* in *cluster*, lowest first (an export: usually one; not the read marks of
+    groups, which share the collection)."""
+    docs = yield Find(cluster, "seen", {"receiver_id": receiver_id, **_MARKERS}, deadline,
+                      sort=[(f, 1) for f, _ in SEEN_SORT],
+                      projection={"_id": 0, "event_time": 1, "key": 1})
+    return docs if isinstance(docs, Failure) else [Marker(d["event_time"], d["key"]) for d in docs]
+
+
+@attrs.frozen
+class ReadMark:
+    """A read mark of notification groups as an export shows it: the group (``"*"``: every group), and the time and
+    id of the item it was read through."""
+
+    group: str
+    read_time: datetime
+    item: ObjectId
+
+
+def read_marks(cluster: str, receiver_id: int | str, deadline: float) -> Program[list[ReadMark] | Failure]:
+    """Every read mark of *receiver_id* in *cluster*, oldest first (an export)."""
+    docs = yield Find(cluster, "seen", {"receiver_id": receiver_id, "read_time": {"$type": "date"}}, deadline,
+                      sort=[("read_time", 1), ("read_key", 1)], projection={"_id": 0, "group": 1, "read_time": 1,
+                                                                             "read_key": 1})
+    return docs if isinstance(docs, Failure) else [ReadMark(str(d["group"]), d["read_time"], d["read_key"]) for d in docs]
+
+
+def forget(cluster: str, receiver_id: int | str, deadline: float) -> Delete:
+    """The request that removes every seen marker of *receiver_id* in *cluster*, and their read marks of groups (an
+    erasure)."""
+    return Delete(cluster, "seen", {"receiver_id": receiver_id}, deadline)
 
 
 def _keys(answer: Any) -> Any:

@@ -9,6 +9,7 @@ import attrs
 from ..config import RouterConfig
 from .layouts import EditSettings
 from .policy import RetryPolicy
+from .pseudonyms import Pseudonyms
 from .writes import WriteSettings
 
 __all__ = ["MAX_PAGE", "MAX_TYPES", "Settings"]
@@ -32,6 +33,9 @@ class Settings:
     pull_threshold: int | None = None
     #: Each cluster's deployment, as a number shared by the clusters on it (see :attr:`ClusterConfig.deployment`).
     deployments: Mapping[str, int] = attrs.field(factory=dict)
+    #: How user ids become the pseudonyms erasure records hold (``erasure.key``). None turns off the writers' check
+    #: of erasure records: only for measuring what that check costs (the benchmark); never in service.
+    pseudonyms: Pseudonyms | None = attrs.field(factory=Pseudonyms, repr=False)
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> Settings:
@@ -45,7 +49,14 @@ class Settings:
             max_periods=config.max_periods,
             pull_threshold=config.pull_threshold,
             deployments=deployment_numbers(config),
+            pseudonyms=pseudonyms_of(config),
         )
+
+
+def pseudonyms_of(config: RouterConfig) -> Pseudonyms:
+    """The pseudonyms of ``erasure.key`` (the public default key when it is not set)."""
+    key = config.erasure_key
+    return Pseudonyms(key.encode("utf-8", "surrogatepass")) if key else Pseudonyms()
 
 
 def deployment_numbers(config: RouterConfig) -> dict[str, int]:

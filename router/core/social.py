@@ -30,17 +30,18 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import InvalidItem, ItemDeleted
+from ..errors import InvalidItem, ItemDeleted, SenderErased
 from ..ids import copy_ids, outbox_id
 from ..model import to_utc
 from ..timemap import ReadWindow, TimeMap
 from ..model import Activity
 from .fanout import FanOutJob, plan_job
-from .fence import settle
-from .layouts import Copy, CopyList, Post, layout_for, outbox
+from .fence import Parties, settle
+from .layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
 from .policy import RetryPolicy, deadline_in
+from .pseudonyms import Pseudonyms
 from .routing import Routing
-from .steps import Failure, Program
+from .steps import Concurrently, Failure, Program
 from .tally import FanOutResult
 from .writes import insert_program
 
@@ -52,24 +53,36 @@ log = logging.getLogger(__name__)
 MAX_BACKFILL = 10_000
 
 
-def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float) -> Program[bool]:
-    """Store the job's activity in its author's outbox; True if it is new, False if it was there already.
+def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudonyms: Pseudonyms | None = None) -> Program[bool]:
+    """Store the job's activity in its author's outbox, and register it by its sender (:mod:`router.core.layouts.posts`),
+    both at once; True if the entry is new, False if it was there already.
 
     Raises the cluster's error if it cannot be stored, and :class:`ItemDeleted` (the entry
-    removed again) for a post deleted before or while it was stored: nothing is fanned out then.
+    removed again) for a post deleted before or while it was stored, :class:`SenderErased`
+    for one whose sender was erased: nothing is fanned out then.
     """
     a = job.activity
     oid = outbox_id(job.seconds, a.data_key)
-    result = yield from insert_program(job.cluster, outbox.OUTBOX, [Post(oid, a)], policy=policy,
-                                       deadline=deadline_in(timeout), duplicates="present")
-    if result.failed:
-        raise result.failed[0]
-    fences = yield from settle(job.cluster, outbox.fix, {a.data_key: [oid]}, timeout=timeout)
-    if isinstance(fences, Failure):
-        raise fences.error
-    if fences[a.data_key].deleted:
-        raise ItemDeleted(a.data_key)
-    return result.written == 1
+    deadline = deadline_in(timeout)
+    post = posts.Registered(a.sender_id, a.data_key, a.event_time)
+    results = yield Concurrently([
+        insert_program(job.cluster, outbox.OUTBOX, [Post(oid, a)], policy=policy, deadline=deadline,
+                       duplicates="present"),
+        insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline, duplicates="present"),
+    ], [job.cluster, job.cluster])
+    for result in results:
+        if result.failed:
+            raise result.failed[0]
+    settled = yield from settle(job.cluster, outbox.fix, {a.data_key: [oid]}, timeout=timeout,
+                                parties=Parties({a.data_key: a.sender_id}), pseudonyms=pseudonyms)
+    if isinstance(settled, Failure):
+        raise settled.error
+    fence = settled.fences[a.data_key]
+    if fence.deleted:
+        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
+            yield request  # (left behind if this fails: the sender's erasure, or a later publish, removes it)
+        raise SenderErased(a.data_key) if fence.erased else ItemDeleted(a.data_key)
+    return bool(results[0].written == 1)
 
 
 def choose_path(
@@ -134,13 +147,13 @@ class Publishing:
 
 def publish_program(
     activity: Activity, followers: Iterable[Any], routing: Routing, *, pull: bool | None, threshold: int | None,
-    batch_size: int, job_id: str | None, policy: RetryPolicy, timeout: float,
+    batch_size: int, job_id: str | None, policy: RetryPolicy, timeout: float, pseudonyms: Pseudonyms | None = None,
 ) -> Program[Publishing]:
     """``publish`` up to the push: plan the job, choose push or pull, store the outbox entry (raising
     :class:`ItemDeleted` for a deleted post). The door then pushes ``receivers`` when the path is ``push``."""
     job = yield from plan_job(activity, routing, batch_size=batch_size, job_id=job_id)
     path, receivers, counted = choose_path(followers, pull=pull, threshold=threshold)
-    fresh = yield from store_outbox(job, policy=policy, timeout=timeout)
+    fresh = yield from store_outbox(job, policy=policy, timeout=timeout, pseudonyms=pseudonyms)
     return Publishing(job=job, path=path, receivers=receivers, followers=counted, outbox_new=fresh)
 
 
@@ -169,6 +182,7 @@ def backfill_program(
     limit: int,
     policy: RetryPolicy,
     timeout: float,
+    pseudonyms: Pseudonyms | None = None,
 ) -> Program[BackfillResult]:
     """Copy *senders*' newest outbox entries into *receiver_id*'s feed, newest cluster first, each cluster in one step.
 
@@ -191,22 +205,29 @@ def backfill_program(
         keys: list[str] = []
         copies: list[Copy] = []
         written_ids: dict[str, list[Any]] = {}
+        sent_by: dict[str, int | str] = {}
         for post in found:
             a = post.activity
             (oid,) = copy_ids(int(a.event_time.timestamp()), a.data_key, [receiver_id])
             copies.append(Copy(oid, receiver_id, a.sender_id, a.event_time, a.type, a.data, a.data_key))
             keys.append(a.data_key)
             written_ids.setdefault(a.data_key, []).append(oid)
+            sent_by[a.data_key] = a.sender_id
         if copies:
             layout = layout_for(timemap, cluster)
             result = yield from insert_program(cluster, layout, CopyList(copies), policy=policy, deadline=deadline,
                                                duplicates="present")
             if result.failed:
                 raise next(iter(result.failed.values()))
-            fences = yield from settle(cluster, layout.fix, written_ids, timeout=timeout)
-            if isinstance(fences, Failure):
-                raise fences.error
-            gone = {p for p, key in enumerate(keys) if fences[key].deleted}  # deleted meanwhile: removed
+            parties = Parties(sent_by, {key: [receiver_id] * len(ids) for key, ids in written_ids.items()},
+                              forget=lambda name, who: layout.remove_received(name, who, EditSettings(timeout=timeout)))
+            settled = yield from settle(cluster, layout.fix, written_ids, timeout=timeout, parties=parties,
+                                        pseudonyms=pseudonyms)
+            if isinstance(settled, Failure):
+                raise settled.error
+            fences = settled.fences
+            # deleted meanwhile, or its sender or this receiver erased: removed
+            gone = {p for p, key in enumerate(keys) if fences[key].deleted or receiver_id in settled.erased}
             present_now = set(result.present)
             written += result.written - len(gone - present_now)
             present += len(present_now - gone)

@@ -55,7 +55,8 @@ __all__ = [
 
 T = TypeVar("T")
 #: A collection, by role; the storage layer maps each to the configured name.
-Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "fanout_sent", "metadata", "seen", "edits"]
+Collection: TypeAlias = Literal["feed", "outbox", "fanouts", "fanout_batches", "fanout_sent", "metadata", "seen", "edits",
+                                "posts", "erasures"]
 #: How a failed request failed, which decides what may be done next (see :mod:`router.core.policy`).
 FailureKind: TypeAlias = Literal["transient", "timeout", "cancelled", "unavailable", "refused", "too_large", "unsupported"]
 

@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import FanOutFailed, ItemDeleted, RouterError
-from .checkpoint import finish_checkpoint, start_job
+from ..errors import FanOutFailed, ItemDeleted, RouterError, SenderErased
+from .checkpoint import drop_checkpoint, finish_checkpoint, start_job
 from .fanout import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob, batch_program
 from .fence import NEVER, Fence
 from .policy import RetryPolicy
+from .pseudonyms import Pseudonyms
 from .runs import SKIP, STOP
 from .steps import Program
 
@@ -65,7 +66,8 @@ class FanOutResult:
       checkpoint updates that failed (those alone do not fail the job).
     * ``complete``: every receiver was read and every batch sent; ``cancelled``: stopped
       by ``cancel()`` or ``close()``, or because the post was deleted (``reason``
-      ``"deleted"``: the run raises :class:`~router.errors.ItemDeleted` with this result).
+      ``"deleted"``: the run raises :class:`~router.errors.ItemDeleted` with this result) or its sender erased
+      (``"erased"``: :class:`~router.errors.SenderErased`, and the job's checkpoint is removed).
     """
 
     job_id: str
@@ -169,9 +171,11 @@ class RunState:
     def __init__(
         self, job: FanOutJob, *, lock: AbstractContextManager[Any] | None = None,
         active: Callable[[Any], bool] | None = None, concurrency: int = 1, policy: RetryPolicy = RetryPolicy(),
-        timeout: float = 10.0,
+        timeout: float = 10.0, pseudonyms: Pseudonyms | None = None,
     ) -> None:
         self.job = job
+        #: What the batches read erasure records with (the router's; None: not read, for measuring only).
+        self.pseudonyms = pseudonyms
         self.active = active
         self.concurrency = concurrency
         self.policy = policy
@@ -204,7 +208,8 @@ class RunState:
         """Start the run: refuse a deleted post, open the checkpoint; return the batches done earlier."""
         job = self.job
         try:
-            done, self.fence = yield from start_job(job, timeout=self.timeout)
+            done, self.fence = yield from start_job(job, timeout=self.timeout, pseudonyms=self.pseudonyms,
+                                                    policy=self.policy)
         except BaseException as exc:
             log.error("fan-out %r could not start: %s", job.job_id, exc, extra=job.log_extra)
             raise
@@ -233,7 +238,7 @@ class RunState:
     def batch(self, number: int, first: int, chunk: list[Any], data: Any) -> Program[BatchOutcome]:
         """The program that writes batch *number* under the newest fence this run has seen."""
         return batch_program(self.job, number, first, chunk, policy=self.policy, timeout=self.timeout,
-                             active=self.active, data=data, known=self.fence)
+                             active=self.active, data=data, known=self.fence, pseudonyms=self.pseudonyms)
 
     def stop(self, trouble: BaseException, *, raised: bool) -> None:
         """Stop sending batches, keeping the first trouble of each kind."""
@@ -280,7 +285,10 @@ class RunState:
         cancelled = (self.cancelled or deleted) and not complete
         status: Literal["done", "failed", "cancelled"]
         text: str | None
-        if deleted:
+        erased = deleted and self.fence.erased
+        if erased:
+            status, text = "cancelled", f"erased: the sender of data_key {job.activity.data_key!r} was erased"
+        elif deleted:
             status, text = "cancelled", f"deleted: data_key {job.activity.data_key!r} was deleted while it ran"
         elif complete and self.tally.failed == 0:
             status, text = "done", None
@@ -289,19 +297,25 @@ class RunState:
             text = f"{type(trouble).__name__}: {trouble}" if trouble is not None else (
                 str(self.tally.errors[0]) if self.tally.errors else None)
         if opened:
-            error = yield from finish_checkpoint(job, status=status, total=total if read_all else None, error=text,
-                                                 timeout=timeout)
+            if erased:  # nothing of an erased sender's post stays, its checkpoint included
+                error = yield from drop_checkpoint(job, timeout=timeout)
+            else:
+                error = yield from finish_checkpoint(job, status=status, total=total if read_all else None, error=text,
+                                                     timeout=timeout)
             if error is not None:
                 with self.lock:
                     self.tally.note(error)
         with self.lock:
             self.tally.finished = time.monotonic()
             result = self.tally.result(job.job_id, job.cluster, complete=complete, cancelled=cancelled,
-                                       reason="deleted" if deleted else None)
+                                       reason="erased" if erased else "deleted" if deleted else None)
         if self.raised is not None:
             log.error("fan-out %r stopped: %s: %s", job.job_id, type(self.raised).__name__, self.raised, exc_info=self.raised,
                       extra=job.log_extra)
             raise self.raised
+        if erased:
+            log.info("fan-out %r stopped after %d batches: its sender was erased", job.job_id, result.batches)
+            raise SenderErased(job.activity.data_key, result=result)
         if deleted:
             log.info("fan-out %r stopped after %d batches: its post was deleted", job.job_id, result.batches)
             raise ItemDeleted(job.activity.data_key, result=result)

@@ -38,7 +38,7 @@ from ..ids import make_ids
 from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
-from .layouts import ItemBatch, Layout, Writer, layout_for
+from .layouts import ItemBatch, Layout, Writer, layout_for, posts
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
 from .steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
@@ -56,6 +56,9 @@ class WriteSettings:
     batch_size: int = 1000
     policy: RetryPolicy = RetryPolicy()
     timeout: float = 10.0
+    #: Register each batch's posts by sender (:mod:`router.core.layouts.posts`). False only to measure what that costs
+    #: (the benchmark): an erasure would not find the copies written so.
+    register: bool = True
 
 
 @attrs.frozen
@@ -310,6 +313,25 @@ def _cluster_program(
     return failed, renamed
 
 
+def _register_program(
+    cluster: str, indexes: list[int], items: Sequence[FeedItem], settings: WriteSettings, deadline: float,
+) -> Program[dict[int, RouterError]]:
+    """Register one cluster's share of a write in its posts registry (:mod:`router.core.layouts.posts`), a batch per
+    ``batch_size`` distinct posts; return the items whose post could not be registered, with the error."""
+    registered, owners = posts.of_items(indexes, items)
+    failed: dict[int, RouterError] = {}
+    size = settings.batch_size
+    for start in range(0, len(registered), size):
+        chunk = registered[start : start + size]
+        result = yield from insert_program(cluster, posts.REGISTRY, chunk, policy=settings.policy, deadline=deadline,
+                                           duplicates="present")
+        failed.update((i, error) for pos, error in result.failed.items() for i in owners[chunk[pos].id])
+        if result.stopped is not None:
+            failed.update((i, result.stopped.error) for post in registered[start + size :] for i in owners[post.id])
+            break
+    return failed
+
+
 def prepare_or_stale(items: Sequence[FeedItem], routing: Routing) -> Prepared:
     """:func:`prepare` without I/O: an item past the map's horizon is :class:`StaleMetadata` (no refresh is tried)."""
     try:
@@ -334,13 +356,19 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
     if not prepared.batches:
         return ids
     names = list(prepared.batches)
-    programs = [
+    programs: list[Program[Any]] = [
         _cluster_program(name, idx, copies, prepared.given, settings, deadline, layout_for(routing.timemap, name))
         for name, (idx, copies) in prepared.batches.items()
     ]
-    outcomes = yield Concurrently(programs, names)
+    if settings.register:  # each cluster's posts registered by sender, at the same time as its copies are stored
+        programs += [_register_program(name, idx, copies.items, settings, deadline)
+                     for name, (idx, copies) in prepared.batches.items()]
+    outcomes = yield Concurrently(programs, names + names if settings.register else names)
+    unregistered = outcomes[len(names):]
     failed: dict[int, RouterError] = {}
-    for name, (cluster_failed, renamed) in zip(names, outcomes):
+    for n, (name, (cluster_failed, renamed)) in enumerate(zip(names, outcomes)):
+        if unregistered:  # stored but not findable by sender (an erasure would miss it): not confirmed written
+            cluster_failed = {**unregistered[n], **cluster_failed}
         failed.update(cluster_failed)
         for i, oid in renamed.items():
             ids[i] = oid

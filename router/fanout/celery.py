@@ -55,10 +55,12 @@ included, so its ``data`` must be JSON: :func:`publish_fan_out` refuses anything
 receiver ids and the positions to skip. No pickle; no result backend: progress is read
 from the checkpoint.
 
-**Edits.** A batch reads the post's edit fence after writing, like every engine's
+**Edits and erasures.** A batch reads the post's edit fence after writing, like every engine's
 (:mod:`router.core.fence`): batches of a post deleted meanwhile, queued or redelivered,
 remove what they wrote and are acknowledged, not retried. Each worker process remembers
 the newest fence it saw per post, so its later batches of a deleted post write nothing.
+The erasure records are read at the same time: a batch of an erased sender's post removes
+what it wrote and the job's checkpoint, and copies for erased receivers are removed again.
 
 Queues, and how batches are numbered when inactive receivers are included, are in
 :mod:`router.fanout.celery_plan`.
@@ -323,14 +325,15 @@ def write_batch(
         outcome = clusters.run(batch_program(
             fanout, number, first, receivers, policy=settings.write.policy, timeout=settings.timeout, active=active,
             data=data, admit=True, known=fences.known(key) if fences is not None else NEVER,
+            pseudonyms=settings.pseudonyms,
         ))
     except ClusterUnavailable as exc:  # the checkpoint could not be read to admit the batch
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {exc}") from exc
     if fences is not None:
         fences.learn(key, outcome.fence)
-    if outcome.fence is not None and outcome.fence.deleted:
-        log.info("fan-out %r: batch %d: its post was deleted; nothing of it is kept", fanout.job_id, number,
-                 extra=fanout.log_extra)
+    if outcome.fence is not None and outcome.fence.deleted:  # (an erased sender's: its checkpoint went too)
+        log.info("fan-out %r: batch %d: its %s; nothing of it is kept", fanout.job_id, number,
+                 "sender was erased" if outcome.fence.erased else "post was deleted", extra=fanout.log_extra)
         return outcome
     trouble: RouterError | None = outcome.stopped.error if outcome.stopped is not None else None
     if trouble is None:  # a copy left in doubt by the cluster, or the record not saved: worth another try
@@ -397,8 +400,9 @@ def publish_fan_out(
     predicate = active_filter(active)
     stream = receiver_stream(receivers)
     side = attrs.evolve(job, job_id=inactive_job_id(job.job_id)) if include_inactive and predicate is not None else None
-    run = PublishRun([job] if side is None else [job, side], active=predicate, timeout=router.settings.timeout)
-    router.clusters.run(run.open())  # ItemDeleted for a deleted post
+    run = PublishRun([job] if side is None else [job, side], active=predicate, timeout=router.settings.timeout,
+                     pseudonyms=router.settings.pseudonyms, policy=router.settings.write.policy)
+    router.clusters.run(run.open())  # ItemDeleted for a deleted post, SenderErased for an erased sender's
     payloads = [j.to_json() for j in run.jobs]
     log.info("fan-out %r: publishing to cluster %r in batches of %d%s; %d batches done earlier", job.job_id, job.cluster,
              job.batch_size, f", inactive receivers as {side.job_id!r}" if side else "",

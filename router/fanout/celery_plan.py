@@ -36,6 +36,8 @@ import attrs
 from ..core.checkpoint import announce_batch, finish_checkpoint, open_checkpoint, start_job
 from ..core.checks import receiver_problem
 from ..core.jobs import FanOutJob
+from ..core.policy import RetryPolicy
+from ..core.pseudonyms import Pseudonyms
 from ..core.runs import SKIP
 from ..core.steps import Program
 from ..errors import InvalidItem
@@ -201,10 +203,14 @@ class PublishRun:
     never stops early but for an error, which it records as ``failed`` and raises again.
     """
 
-    def __init__(self, jobs: Sequence[FanOutJob], *, active: Callable[[Any], bool] | None, timeout: float) -> None:
+    def __init__(self, jobs: Sequence[FanOutJob], *, active: Callable[[Any], bool] | None, timeout: float,
+                 pseudonyms: Pseudonyms | None = None, policy: RetryPolicy = RetryPolicy()) -> None:
         self.jobs = list(jobs)
         self.active = active
         self.timeout = timeout
+        #: What the start reads erasure records with (the router's), and the retries of its registry insert.
+        self.pseudonyms = pseudonyms
+        self.policy = policy
         self.started = time.monotonic()
         self.stopping = False
         self.raised: BaseException | None = None
@@ -218,8 +224,10 @@ class PublishRun:
         return len(self.jobs) > 1
 
     def open(self) -> Program[None]:
-        """Open the checkpoints (refusing a deleted post, :class:`~router.errors.ItemDeleted`), learn what is done."""
-        self.done, _ = yield from start_job(self.jobs[0], timeout=self.timeout)
+        """Open the checkpoints (refusing a deleted post, :class:`~router.errors.ItemDeleted`, and an erased sender's,
+        :class:`~router.errors.SenderErased`), learn what is done."""
+        self.done, _ = yield from start_job(self.jobs[0], timeout=self.timeout, pseudonyms=self.pseudonyms,
+                                            policy=self.policy)
         if self.split:
             self.side_done = yield from open_checkpoint(self.jobs[1], timeout=self.timeout)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..core.fanout import FanOutJob, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
+from ..core.pseudonyms import Pseudonyms
 from ..core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, run_loop
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
@@ -91,9 +92,10 @@ class AsyncFanOutRun(RunState):
 
     def __init__(
         self, clusters: AsyncClusters, job: FanOutJob, *, active: Callable[[Any], bool] | None, concurrency: int,
-        policy: RetryPolicy, timeout: float,
+        policy: RetryPolicy, timeout: float, pseudonyms: Pseudonyms | None = None,
     ) -> None:
-        super().__init__(job, active=active, concurrency=concurrency, policy=policy, timeout=timeout)
+        super().__init__(job, active=active, concurrency=concurrency, policy=policy, timeout=timeout,
+                         pseudonyms=pseudonyms)
         self.clusters = clusters
 
     async def run(self, receivers: Receivers) -> FanOutResult:

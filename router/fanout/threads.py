@@ -25,6 +25,7 @@ from typing import Any
 
 from ..core.fanout import FanOutJob, batches, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
+from ..core.pseudonyms import Pseudonyms
 from ..core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
 from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
@@ -42,10 +43,10 @@ class FanOutRun(RunState):
 
     def __init__(
         self, clusters: Clusters, job: FanOutJob, *, active: Callable[[Any], bool] | None, concurrency: int,
-        policy: RetryPolicy, timeout: float,
+        policy: RetryPolicy, timeout: float, pseudonyms: Pseudonyms | None = None,
     ) -> None:
         super().__init__(job, lock=threading.Lock(), active=active, concurrency=concurrency, policy=policy,
-                         timeout=timeout)
+                         timeout=timeout, pseudonyms=pseudonyms)
         self.clusters = clusters
 
     def run(self, receivers: Iterable[Any]) -> FanOutResult:

@@ -87,6 +87,7 @@ def collection_names(config: RouterConfig) -> dict[str, str]:
     return {
         "feed": config.feed_collection, "metadata": config.metadata_collection, "outbox": "outbox", "fanouts": "fanouts",
         "fanout_batches": "fanout_batches", "fanout_sent": "fanout_sent", "seen": "seen", "edits": "edits",
+        "posts": "posts", "erasures": "erasures",
     }
 
 

@@ -87,7 +87,7 @@ def call_for(request: IORequest, coll: Any) -> Call:
 
 _WHAT = {"feed": "feed", "outbox": "outbox", "metadata": "metadata", "fanouts": "fan-out checkpoint",
          "fanout_batches": "fan-out checkpoint", "seen": "seen markers",
-         "edits": "edit fence"}
+         "edits": "edit fence", "posts": "posts by sender", "erasures": "erasure records"}
 
 
 def describe(request: IORequest) -> str:

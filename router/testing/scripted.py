@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ from ..core.steps import (
     WriteError,
 )
 
-__all__ = ["Run", "ScriptedStore", "interleavings", "run_alone"]
+__all__ = ["Run", "ScriptedStore", "interleavings", "run_alone", "sampled"]
 
 DUPLICATE_KEY = 11000
 
@@ -208,9 +209,9 @@ def _settle(thread: _Thread) -> None:
 
 
 def _run(make: Callable[[ScriptedStore], Sequence[Program[Any]]], choices: Sequence[int],
-         store: ScriptedStore) -> tuple[Run, list[int]]:
-    """Run once, taking *choices* at the first decision points and the first option after; return the run and
-    the number of options at each decision point."""
+         store: ScriptedStore, draw: Callable[[int], int] | None = None) -> tuple[Run, list[int]]:
+    """Run once, taking *choices* at the first decision points and the first option after (or what *draw* picks
+    among the options); return the run and the number of options at each decision point."""
     roots = [_Thread(p) for p in make(store)]
     for t in roots:
         _advance(t)
@@ -220,7 +221,7 @@ def _run(make: Callable[[ScriptedStore], Sequence[Program[Any]]], choices: Seque
         ready = [(i, t) for i, root in enumerate(roots) for t in _runnable(root)]
         if not ready:
             break
-        pick = choices[len(options)] if len(options) < len(choices) else 0
+        pick = choices[len(options)] if len(options) < len(choices) else draw(len(ready)) if draw is not None else 0
         options.append(len(ready))
         index, thread = ready[pick]
         order.append(index)
@@ -260,6 +261,20 @@ def interleavings(
             return
         taken[-1] += 1
         choices = taken
+
+
+def sampled(
+    make: Callable[[ScriptedStore], Sequence[Program[Any]]], *, runs: int, seed: int = 0,
+    setup: Callable[[ScriptedStore], None] | None = None,
+) -> Iterator[Run]:
+    """*runs* orders of the programs' requests drawn at random, each step's program picked uniformly among those
+    ready (seeded: a failing order comes back): for races with too many orders to try every one."""
+    rng = random.Random(seed)
+    for _ in range(runs):
+        store = ScriptedStore()
+        if setup is not None:
+            setup(store)
+        yield _run(make, (), store, rng.randrange)[0]
 
 
 def run_alone(program: Program[Any], store: ScriptedStore | None = None) -> tuple[Any, list[Any]]:

@@ -10,13 +10,14 @@ import bson
 import pytest
 from bson import ObjectId
 
-from router.core.layouts import DEFAULT, LAYOUTS, layout_named
+from router.core.layouts import DEFAULT, LAYOUTS, EditSettings, layout_named
 from router.core.checks import MAX_DATA_BYTES
 from router.core.layouts.queries import newer_than, older_than
 from router.core.steps import Update
 from router.cursor import Position
 from router.errors import InvalidItem
 from router.model import ClusterMeta
+from router.testing.scripted import run_alone
 from router.timemap import TimeMap
 
 UTC = timezone.utc
@@ -61,6 +62,7 @@ OTHER_DOCUMENTS = {
     "core/seen.py": ({"_id", "receiver_id", "event_time"}, "seen markers"),
     "core/fence.py": ({"_id", "data_key", "data"}, "edit fence records"),
     "core/checkpoint.py": ({"_id", "data_key", "event_time"}, "fan-out checkpoints and batch records"),
+    "core/erasure.py": ({"_id"}, "erasure records"),
     "core/jobs.py": ({"sender_id", "type", "data", "data_key"}, "a Celery task's JSON (the activity)"),
     "core/metadata.py": ({"_id"}, "metadata documents"),
     "model.py": ({"_id"}, "metadata documents (ClusterMeta.to_document)"),
@@ -141,3 +143,37 @@ def test_fixing_copies_with_the_largest_data_keeps_every_statement_within_16_mib
     per = 2 if layout == "buckets" else 1  # buckets: a statement for lone copies' buckets, one for shared buckets
     assert all(named[i] == named[i + j] for i in range(0, len(named), per) for j in range(per))
     assert [oid for chunk in named[::per] for oid in chunk] == ids
+
+
+# -- a user's data: the erasure and the export find it by the layout's own indexes ------------------
+
+
+def matched_fields(query: dict[str, object], prefix: str = "") -> set[str]:
+    """The fields a query matches on, dotted through ``$elemMatch`` (``$or``/``$and`` left out)."""
+    found: set[str] = set()
+    for key, value in query.items():
+        if key.startswith("$"):
+            continue
+        found.add(prefix + key)
+        if isinstance(value, dict) and isinstance(value.get("$elemMatch"), dict):
+            found |= matched_fields(value["$elemMatch"], f"{prefix}{key}.")
+    return found
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_users_data_is_found_by_the_layouts_own_indexes(name: str) -> None:
+    """Each feed request of an erasure and an export (remove_sent, remove_received, oldest_first, sent_copy) matches
+    on the first field of an index the layout lists (Layout.indexes(), the one source of a period's feed indexes):
+    none scans the feed, and none needs an index of its own."""
+    layout = LAYOUTS[name]
+    firsts = {spec.keys[0][0] for spec in layout.indexes()}
+    steps = EditSettings(step=10, sample=10)
+    after = Position(datetime(2024, 5, 4, tzinfo=UTC), ObjectId())
+    programs = [layout.remove_sent("c", 7, ["k1", "k2"], steps), layout.remove_received("c", 7, steps),
+                layout.oldest_first("c", 7, None, 10, 0.0), layout.oldest_first("c", 7, after, 10, 0.0),
+                layout.sent_copy("c", 7, "k1", 0.0)]
+    for program in programs:
+        _result, sent = run_alone(program)
+        assert sent
+        for request in sent:
+            assert request.collection == "feed" and matched_fields(request.filter) & firsts, (request.filter, firsts)

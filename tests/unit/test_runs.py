@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from router import Activity, data_key
-from router.core.fanout import FanOutJob, batches
+from router import Activity, SenderErased, data_key
+from router.core.fanout import BatchOutcome, FanOutJob, batches
+from router.core.fence import SENDER_ERASED
 from router.core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
 from router.core.tally import RunState
 from router.fanout.celery_plan import PublishRun
+from router.testing.scripted import ScriptedStore, run_alone
 
 ACT = Activity(sender_id=1, event_time=datetime(2024, 7, 2, tzinfo=timezone.utc), type=1, data={}, data_key=data_key("p", 1))
 JOB = FanOutJob(job_id="j", cluster="c3", activity=ACT, batch_size=2)
@@ -83,6 +85,35 @@ def test_a_stopping_run_reads_no_further_batch() -> None:
     assert engine.log == []
 
 
+def test_a_batch_that_finds_the_sender_erased_stops_the_loop() -> None:
+    """The erasure check is the loop's, whatever the engine: once a batch's outcome says the post's sender was erased,
+    the run admits no further batch (its slot comes back unsent) and ends removing its checkpoint, raising
+    SenderErased."""
+    state = RunState(JOB)
+    engine = Engine(iter(range(10)))
+    sent: list[int] = []
+
+    def do(step: Step) -> Any:
+        reply = engine.do(step)
+        if isinstance(step, Send):
+            number = step.batch[0]
+            sent.append(number)
+            state.add(BatchOutcome(number=number, receivers=2, written=0, already_present=0, skipped=0,
+                                   failed_receivers=(), invalid=0, errors=(),
+                                   fence=SENDER_ERASED if number == 1 else None))
+        return reply
+
+    drive(run_loop(state), do)
+    assert sent == [0, 1] and engine.log[-3:] == [("send", 1), FREE_SLOT, RELEASE] and not state.read_all
+    store = ScriptedStore()
+    store.docs("c3", "fanouts")[JOB.job_id] = {"_id": JOB.job_id, "data_key": ACT.data_key}
+    store.docs("c3", "fanout_batches")["j:0"] = {"_id": "j:0", "job": JOB.job_id, "n": 0}
+    with pytest.raises(SenderErased) as stopped:
+        run_alone(state.finish(opened=True), store)
+    assert stopped.value.result is not None and stopped.value.result.reason == "erased"
+    assert store.docs("c3", "fanouts") == {} == store.docs("c3", "fanout_batches")
+
+
 def test_the_publisher_runs_the_same_loop() -> None:
     """The Celery publisher's run: a batch whose every part is done is skipped (counted resumed), the others are sent
     with their parts; a send the broker refuses stops it, to be recorded failed and raised."""
@@ -108,7 +139,8 @@ def test_the_publisher_runs_the_same_loop() -> None:
 
 ENGINES = ("fanout/threads.py", "fanout/tasks.py", "fanout/celery.py")
 #: What only the core's run loop and the runs it drives may call: admitting, planning, announcing, ending a run.
-LOOP_ONLY = {"admit", "exhausted", "plan_parts", "announce_batch", "finish_checkpoint", "open_checkpoint", "start_job"}
+LOOP_ONLY = {"admit", "exhausted", "plan_parts", "announce_batch", "finish_checkpoint", "open_checkpoint", "start_job",
+             "drop_checkpoint"}
 
 
 @pytest.mark.parametrize("engine", ENGINES)

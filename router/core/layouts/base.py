@@ -229,6 +229,26 @@ class Layout(Writer[CopyBatch]):
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
         """Remove every copy from *sender_id* in *receiver_id*'s feed (unfollow)."""
 
+    # -- a user's data: erasure and export (router.core.erasure, router.core.export) ------------------
+    @abc.abstractmethod
+    def remove_sent(self, cluster: str, sender_id: int | str, keys: Sequence[str], steps: EditSettings) -> Program[Edited]:
+        """Remove every copy of the posts *keys* that *sender_id* sent, in bounded steps; count the copies."""
+
+    @abc.abstractmethod
+    def remove_received(self, cluster: str, receiver_id: int | str, steps: EditSettings) -> Program[Edited]:
+        """Remove every copy in *receiver_id*'s feed, in bounded steps; count the copies."""
+
+    @abc.abstractmethod
+    def oldest_first(self, cluster: str, receiver_id: int | str, after: Position | None, need: int,
+                     deadline: float) -> Program[Inbox | Failure]:
+        """The *need* oldest copies of *receiver_id* strictly after *after* in ``(event_time, _id)`` order, oldest
+        first (``full``: more may follow)."""
+
+    @abc.abstractmethod
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
+                  deadline: float) -> Program[FeedItem | None | Failure]:
+        """One stored copy of *sender_id*'s post *data_key* (None: none here)."""
+
     # -- operators ------------------------------------------------------------------------------
     @abc.abstractmethod
     def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:

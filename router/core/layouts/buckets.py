@@ -66,7 +66,7 @@ the compound form); and ``{items.data_key}`` for edits.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -77,7 +77,7 @@ from ...cursor import Position
 from ...errors import BucketsFull
 from ...model import FeedItem
 from ..policy import deadline_in
-from ..steps import Count, Failure, Find, Program, Request, Update, Upserts
+from ..steps import Count, Delete, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
 from .queries import DIGEST, chunks, digest, in_steps, outside_clause
 from .values import Copy, FanBatch
@@ -93,6 +93,8 @@ _FIELDS_BOUND = 64 * 1024
 #: Buckets one read of a page asks for.
 READ_AHEAD = 2
 _ORDER = (("newest", -1), ("_id", -1))
+#: Buckets oldest first (an export, :meth:`Buckets.oldest_first`).
+_OLDEST = (("oldest", 1), ("_id", 1))
 #: What a read-back of copies needs of a bucket: each copy's identity, not its data (a bucket may hold 50 large ones).
 _IDENTITY = {"receiver_id": 1, "items._id": 1, "items.data_key": 1, "items.sender_id": 1, "items.event_time": 1,
              "items.type": 1}
@@ -196,6 +198,28 @@ def _buckets(receiver_id: int | str, *, read: Sequence[ObjectId], oldest_by: dat
     if read:
         match["_id"] = {"$nin": list(read)}
     return match
+
+
+def _erase(cluster: str, match: Mapping[str, Any], steps: EditSettings, update: Mapping[str, Any] | None,
+           counted: Callable[[Mapping[str, Any]], bool]) -> Program[Edited]:
+    """Remove copies in steps of buckets: of those matching *match*, pull with *update* (None: delete the buckets),
+    counting the copies *counted* picks out; *match* stops matching a bucket once it is changed."""
+    done = 0
+    size = max(1, steps.step // MAX_ITEMS)
+    while True:
+        deadline = deadline_in(steps.timeout)
+        docs = yield Find(cluster, "feed", match, deadline, projection={"items.data_key": 1, "items.sender_id": 1},
+                          limit=size)
+        if isinstance(docs, Failure):
+            return done, docs.error
+        if not docs:
+            return done, None
+        target = {**match, "_id": {"$in": [d["_id"] for d in docs]}}
+        answer = yield (Delete(cluster, "feed", target, deadline) if update is None
+                        else Update(cluster, "feed", target, update, deadline))
+        if isinstance(answer, Failure):
+            return done, answer.error
+        done += sum(1 for d in docs for i in d.get("items", ()) if counted(i))
 
 
 class Buckets(Layout):
@@ -356,6 +380,52 @@ class Buckets(Layout):
         _, error = yield from in_steps(cluster, "feed", match, steps,
                                        update={"$pull": {"items": {"sender_id": sender_id}}, **_SEAL}, what="unfollow")
         return copies, error
+
+    # -- a user's data --------------------------------------------------------------------------
+    def remove_sent(self, cluster: str, sender_id: int | str, keys: Sequence[str], steps: EditSettings) -> Program[Edited]:
+        wanted = set(keys)
+        mine = {"data_key": {"$in": list(keys)}, "sender_id": sender_id}
+        return (yield from _erase(cluster, {"items": {"$elemMatch": mine}}, steps, {"$pull": {"items": mine}, **_SEAL},
+                                  lambda i: i.get("sender_id") == sender_id and i.get("data_key") in wanted))
+
+    def remove_received(self, cluster: str, receiver_id: int | str, steps: EditSettings) -> Program[Edited]:
+        return (yield from _erase(cluster, {"receiver_id": receiver_id}, steps, None, lambda _i: True))
+
+    def oldest_first(self, cluster: str, receiver_id: int | str, after: Position | None, need: int,
+                     deadline: float) -> Program[Inbox | Failure]:
+        # The mirror of inbox(): buckets by oldest, and an item is served once no unread bucket can hold an older one.
+        bound = _key(after.event_time, after.id) if after is not None else None
+        since = after.event_time if after is not None else None
+        found: list[tuple[datetime, ObjectId, FeedItem]] = []
+        read: list[ObjectId] = []
+        while True:
+            docs = yield Find(cluster, "feed", _buckets(receiver_id, read=read, newest_from=since), deadline,
+                              sort=_OLDEST, limit=READ_AHEAD)
+            if isinstance(docs, Failure):
+                return docs
+            for doc in docs:
+                read.append(doc["_id"])
+                found.extend((i["event_time"], i["_id"], _item(i, receiver_id)) for i in doc.get("items", ())
+                             if bound is None or _key(i["event_time"], i["_id"]) > bound)
+            found.sort(key=lambda e: _key(e[0], e[1]))
+            if len(docs) < READ_AHEAD:
+                return Inbox(found[:need], len(found) > need)
+            if len(found) >= need:
+                match = _buckets(receiver_id, read=read, oldest_by=found[need - 1][0], newest_from=since)
+                others = yield Count(cluster, "feed", match, deadline, limit=1)
+                if isinstance(others, Failure):
+                    return others
+                if not others:
+                    return Inbox(found[:need], True)
+
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
+                  deadline: float) -> Program[FeedItem | None | Failure]:
+        mine = {"data_key": data_key, "sender_id": sender_id}
+        docs = yield Find(cluster, "feed", {"items": {"$elemMatch": mine}}, deadline, limit=1)
+        if isinstance(docs, Failure):
+            return docs
+        items = [i for d in docs for i in d.get("items", ()) if i.get("data_key") == data_key and i.get("sender_id") == sender_id]
+        return _item(items[0], docs[0]["receiver_id"]) if items else None
 
     # -- operators ------------------------------------------------------------------------------
     def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:

@@ -24,6 +24,9 @@ from .values import Copy, FanBatch
 
 __all__ = ["Copies"]
 
+#: The order of an export (the page index, walked backwards).
+_OLDEST_FIRST = (("event_time", 1), ("_id", 1))
+
 
 def _item(doc: Mapping[str, Any]) -> FeedItem:
     return FeedItem(receiver_id=doc["receiver_id"], sender_id=doc["sender_id"], event_time=doc["event_time"],
@@ -104,6 +107,30 @@ class Copies(Layout):
         # The page index's receiver_id prefix serves this query (see migrations/0002).
         match = {"receiver_id": receiver_id, "sender_id": sender_id}
         return (yield from in_steps(cluster, "feed", match, steps, what="unfollow"))
+
+    # -- a user's data --------------------------------------------------------------------------
+    def remove_sent(self, cluster: str, sender_id: int | str, keys: Sequence[str], steps: EditSettings) -> Program[Edited]:
+        # The data_key index finds the keys' copies; the sender is checked on those (a key is one sender's, mostly).
+        match = {"data_key": {"$in": list(keys)}, "sender_id": sender_id}
+        return (yield from in_steps(cluster, "feed", match, steps, what="erase (sent)"))
+
+    def remove_received(self, cluster: str, receiver_id: int | str, steps: EditSettings) -> Program[Edited]:
+        return (yield from in_steps(cluster, "feed", {"receiver_id": receiver_id}, steps, what="erase (received)"))
+
+    def oldest_first(self, cluster: str, receiver_id: int | str, after: Position | None, need: int,
+                     deadline: float) -> Program[Inbox | Failure]:
+        docs = yield Find(cluster, "feed", {"receiver_id": receiver_id, **newer_than(after)}, deadline,
+                          sort=_OLDEST_FIRST, limit=need)
+        if isinstance(docs, Failure):
+            return docs
+        return Inbox([(d["event_time"], d["_id"], _item(d)) for d in docs], len(docs) == need)
+
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
+                  deadline: float) -> Program[FeedItem | None | Failure]:
+        docs = yield Find(cluster, "feed", {"data_key": data_key, "sender_id": sender_id}, deadline, limit=1)
+        if isinstance(docs, Failure):
+            return docs
+        return _item(docs[0]) if docs else None
 
     def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:
         return [

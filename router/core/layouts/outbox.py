@@ -24,8 +24,8 @@ from .base import EditSettings, Writer
 from .queries import PAGE_SORT, fix_requests, key_edit, outside_clause
 from .values import Post
 
-__all__ = ["OUTBOX", "Outbox", "edit", "find", "fix", "keyed", "keys", "outside", "pulled_item", "sort_key",
-           "stream"]
+__all__ = ["OUTBOX", "Outbox", "edit", "find", "fix", "keyed", "keys", "outside", "published", "pulled_item", "remove",
+           "sent_keys", "sort_key", "stream"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,26 @@ def edit(cluster: str, data_key: str, data: Mapping[str, Any] | None, settings: 
     answer = yield (Delete(cluster, "outbox", match, deadline) if update is None
                     else Update(cluster, "outbox", match, update, deadline))
     return answer if isinstance(answer, Failure) else None
+
+
+# -- a user's posts: erasure and export (router.core.erasure, router.core.export) -----------------
+
+
+def sent_keys(cluster: str, sender_id: int | str, deadline: float, *, limit: int) -> Program[list[str] | Failure]:
+    """Up to *limit* of *sender_id*'s posts' ``data_key``\\ s, in no order (an erasure removes what it read)."""
+    docs = yield Find(cluster, "outbox", {"sender_id": sender_id}, deadline, limit=limit, projection={"_id": 0, "data_key": 1})
+    return docs if isinstance(docs, Failure) else [d["data_key"] for d in docs if isinstance(d.get("data_key"), str)]
+
+
+def published(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: float) -> Program[list[Post] | Failure]:
+    """*sender_id*'s posts among *keys* (at most one each), as they are now (updated data included)."""
+    docs = yield Find(cluster, "outbox", {"sender_id": sender_id, "data_key": {"$in": list(keys)}}, deadline)
+    return docs if isinstance(docs, Failure) else [_post(d) for d in docs]
+
+
+def remove(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: float) -> Delete:
+    """The request that removes *sender_id*'s posts *keys*."""
+    return Delete(cluster, "outbox", {"sender_id": sender_id, "data_key": {"$in": list(keys)}}, deadline)
 
 
 def outside(start: datetime | None, end: datetime | None) -> tuple[dict[str, Any], str]:

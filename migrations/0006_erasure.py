@@ -1,0 +1,105 @@
+"""Erasure: the posts registry, the erasure records, job records by post; posts stored before are registered.
+
+An erasure (``erase_user``, ``router/core/erasure.py``) finds what a user sent through the
+``posts`` registry (one document per sender and ``data_key``, ``router/core/registry.py``),
+and every writer of copies reads the ``erasures`` records after writing. This adds, in
+every cluster:
+
+* ``posts``: ``{sender_id: 1, event_time: 1, _id: 1}`` finds a sender's posts, oldest first
+  (an erasure takes them in any order, an export in time order).
+* ``erasures``: ``{user: 1}`` serves the writers' check, a lookup of the pseudonyms of a
+  batch's sender and receivers (for the many batches of users never erased, it finds
+  nothing), and ``erase-status``.
+* ``fanouts``: ``{data_key: 1}`` finds the fan-out jobs of an erased user's posts, and
+  ``fanout_sent``: ``{job: 1}`` their sent-batch records (``fanout_batches`` has one since 0002).
+
+Then it registers the posts already stored, by one scan of the period's ``feed`` (each
+copy's, or in a ``buckets`` period each bucket item's, sender and ``data_key``) and of its
+``outbox``, grouped on the server: as an index build would, once. A pair registered twice
+is one document, so running the scan again (or beside live writers) is harmless. The groups
+are read through the aggregation's cursor (``getMore``), unlike the router's finds and
+streamed pipelines (``router/storage/finds.py``, which FerretDB 2 repeats and skips once
+documents were updated): a ``$group`` stage builds every group before the first batch, and on
+FerretDB 2, with documents updated, 3,000 groups read in batches of 50, 150 and 101 came back
+exactly once each, where a plain ``find`` of the same collection in batches of 50 did not end.
+
+What is deliberately *not* added: an index on ``feed.sender_id``. It would find a sender's
+copies directly, but every copy written pays for it (measured on FerretDB 2: fan-out at
+0.76-0.91 of its rate without it, ``write_many`` at 0.40-0.90); the registry costs one small
+insert per post instead. ``docs/erasure.md`` gives the measurement.
+
+MongoDB-only steps: none. In a dry run the scan is described, not made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+POSTS_INDEX = ("sender_time_id", [("sender_id", 1), ("event_time", 1), ("_id", 1)])
+ERASURES_INDEX = ("user", [("user", 1)])
+FANOUTS_INDEX = ("data_key", [("data_key", 1)])
+SENT_INDEX = ("job", [("job", 1)])
+#: Registry documents per insert while registering what is stored.
+CHUNK = 1000
+
+
+def registry_id(sender_id: Any, data_key: str) -> str:
+    """A registry entry's ``_id`` (``router.core.registry.entry_id`` when this was written; a test keeps them equal)."""
+    tag = "i" if type(sender_id) is int else "s"
+    return f"{len(data_key)}:{data_key}{tag}{sender_id}"
+
+
+def pipelines(layout: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The scans, as (collection role, aggregation pipeline), that list a period's posts by sender."""
+    def group(prefix: str) -> dict[str, Any]:
+        return {"$group": {"_id": {"s": f"${prefix}sender_id", "k": f"${prefix}data_key"},
+                           "t": {"$min": f"${prefix}event_time"}}}
+
+    feed = [{"$unwind": "$items"}, group("items.")] if layout == "buckets" else [group("")]
+    return [("feed", feed), ("outbox", [group("")])]
+
+
+def apply(ctx: Any) -> None:
+    """Create the indexes, then register the posts already stored."""
+    for collection, (name, keys) in (("posts", POSTS_INDEX), ("erasures", ERASURES_INDEX), ("fanouts", FANOUTS_INDEX),
+                                     ("fanout_sent", SENT_INDEX)):
+        ctx.create_index(collection, keys, name=name)
+    layouts = {str(doc.get("layout", "copies")) for doc in ctx.cluster.metadata_documents()}
+    layout = "buckets" if "buckets" in layouts else "copies"
+    if ctx.dry_run:
+        ctx.note(f"would register the posts stored in feed ({layout}) and outbox by sender, in posts (one scan each)")
+        return
+    db = ctx.cluster.db
+    total = 0
+    for role, pipeline in pipelines(layout):
+        source = db[ctx.config.feed_collection if role == "feed" else role]
+        total += ctx.cluster.call(f"registering the posts of {role}", lambda: _register(source, pipeline, db["posts"]))
+    ctx.note(f"registered {total} posts stored before the registry (feed: {layout}, and outbox)")
+
+
+def _register(source: Any, pipeline: list[dict[str, Any]], posts: Any) -> int:
+    """Scan *source* with *pipeline* and insert a registry entry per group; how many were new."""
+    total = 0
+    chunk: list[dict[str, Any]] = []
+    for group in source.aggregate(pipeline, allowDiskUse=True):
+        sender, key = group["_id"].get("s"), group["_id"].get("k")
+        if isinstance(key, str) and sender is not None:
+            chunk.append({"_id": registry_id(sender, key), "sender_id": sender, "data_key": key, "event_time": group["t"]})
+        if len(chunk) >= CHUNK:
+            total, chunk = total + _insert(posts, chunk), []
+    return total + _insert(posts, chunk)
+
+
+def _insert(posts: Any, docs: list[dict[str, Any]]) -> int:
+    """Insert registry *docs*, a pair registered already being no error; how many were new."""
+    from pymongo.errors import BulkWriteError
+
+    if not docs:
+        return 0
+    try:
+        return len(posts.insert_many(docs, ordered=False).inserted_ids)
+    except BulkWriteError as exc:
+        errors = exc.details.get("writeErrors", [])
+        if any(e.get("code") != 11000 for e in errors):
+            raise
+        return len(docs) - len(errors)

@@ -1,0 +1,75 @@
+"""Shared setup of the erasure tests: periods of one layout on the session's servers, and the plain-pymongo scan
+that says whether any document of any collection of any period still names a user."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from pymongo import MongoClient
+
+from router import RouterConfig
+from router.admin.migrate import discover
+from router.admin.periods import apply_period, plan_period
+from router.storage import finds
+from router.storage.clusters import Clusters
+
+from .conftest import NAMES, PERIODS
+
+Clients = dict[str, MongoClient[dict[str, Any]]]
+#: The user the tests erase (an int id) and another whose data must stay.
+USER = 1000765
+#: Calls get a minute: an erasure racing a fan-out on FerretDB under load contends for the same documents.
+PATIENT = timedelta(seconds=60)
+
+
+def layout_config(make_config: Callable[..., RouterConfig], layout: str, **kwargs: Any) -> RouterConfig:
+    """The test's config, its three standard periods given *layout* by the operator path (migrations included)."""
+    config = make_config(timeout=PATIENT, **kwargs)
+    with Clusters(config) as clusters:
+        for name, (start, end) in zip(NAMES, PERIODS):
+            change = plan_period(clusters, name=name, start=start, end=end, creator="tests", now=start, layout=layout)
+            apply_period(clusters, change, migrations=discover())
+    return config
+
+
+def names(value: Any, user: Any) -> bool:
+    """Whether a stored *value* names *user* as a sender or receiver, at any depth (a bucket's items too). An int id
+    and a str id are different users."""
+    if isinstance(value, dict):
+        return any((key in ("sender_id", "receiver_id") and type(sub) is type(user) and sub == user) or names(sub, user)
+                   for key, sub in value.items())
+    if isinstance(value, list):
+        return any(names(sub, user) for sub in value)
+    return False
+
+
+def documents(clients: Clients, config: RouterConfig) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Every document of every collection of every period, read with plain pymongo: (cluster, collection, doc).
+
+    Each collection is read in whole first batches (:func:`router.storage.finds.read`): FerretDB 2 continues a
+    cursor wrongly once documents were updated (``docs/ferretdb2-cursor-bug.md``), and a scan that skipped a
+    document would miss one naming the user.
+    """
+    for spec in config.clusters:
+        db = clients[spec.name][config.database_for(spec)]
+        for collection in sorted(db.list_collection_names()):
+            for doc in finds.read(db[collection], {}):
+                yield spec.name, collection, doc
+
+
+def naming(clients: Clients, config: RouterConfig, user: Any = USER) -> list[tuple[str, str, Any]]:
+    """Where any document still names *user* as sender or receiver: (cluster, collection, _id) of each."""
+    return [(cluster, collection, doc["_id"]) for cluster, collection, doc in documents(clients, config)
+            if names(doc, user)]
+
+
+def copies_sent(clients: Clients, config: RouterConfig, user: Any = USER) -> int:
+    """Copies of *user*'s posts in every feed of every period (a bucket's items counted one by one)."""
+    total = 0
+    for cluster, collection, doc in documents(clients, config):
+        if collection == config.feed_collection:
+            items = doc.get("items", [doc])
+            total += sum(1 for i in items if type(i.get("sender_id")) is type(user) and i.get("sender_id") == user)
+    return total
