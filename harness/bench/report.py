@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -16,8 +17,10 @@ from typing import Any, TextIO
 import attrs
 import pymongo
 from pymongo import MongoClient
+from pymongo.errors import PyMongoError
 
 from router import __version__
+from router.errors import RouterError
 from ..localservers import LocalClusters
 from .common import NAMES, SIZES, UTC, Result
 from .doors import bench_doors
@@ -38,6 +41,8 @@ from .sparse import SMALL_SIZES as SMALL_SPARSE_SIZES
 from .sparse import bench_sparse
 from .workers import bench_celery_scaling
 from .writes import bench_cpu, bench_handwritten, bench_writes
+
+log = logging.getLogger(__name__)
 
 
 def _chart(results: list[Result], path: Path) -> str:
@@ -138,7 +143,11 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
                 continue
             out.write(f"running {name} ...\n")
             out.flush()
-            result = step()
+            try:
+                result = step()
+            except (RouterError, PyMongoError) as exc:  # one row's failure is reported, not the end of the run
+                log.exception("benchmark %s failed", name)
+                result = Result(name, f"{name} (failed)", "-", [], [], [], "runs", False, f"failed: {exc}")
             results += result if isinstance(result, list) else [result]
         out.write("\n| measure | router | raw pymongo | unit | ratio router/raw | target | result |\n"
                   "| --- | --- | --- | --- | --- | --- | --- |\n")
