@@ -22,6 +22,8 @@ streamed pipelines (``router/storage/finds.py``, which FerretDB 2 repeats and sk
 documents were updated): a ``$group`` stage builds every group before the first batch, and on
 FerretDB 2, with documents updated, 3,000 groups read in batches of 50, 150 and 101 came back
 exactly once each, where a plain ``find`` of the same collection in batches of 50 did not end.
+A server that does not implement the pipeline (FerretDB 1 has no ``$min`` in ``$group``)
+gets the same groups from one ``find`` of the fields they need, reduced here.
 
 What is deliberately *not* added: an index on ``feed.sender_id``. It would find a sender's
 copies directly, but every copy written pays for it (measured on FerretDB 2: fan-out at
@@ -33,6 +35,7 @@ MongoDB-only steps: none. In a dry run the scan is described, not made.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 POSTS_INDEX = ("sender_time_id", [("sender_id", 1), ("event_time", 1), ("_id", 1)])
@@ -41,6 +44,8 @@ FANOUTS_INDEX = ("data_key", [("data_key", 1)])
 SENT_INDEX = ("job", [("job", 1)])
 #: Registry documents per insert while registering what is stored.
 CHUNK = 1000
+#: The server's code for a stage or operator it does not implement (FerretDB 1: ``$min`` in ``$group``).
+NOT_IMPLEMENTED = 238
 
 
 def registry_id(sender_id: Any, data_key: str) -> str:
@@ -81,13 +86,38 @@ def _register(source: Any, pipeline: list[dict[str, Any]], posts: Any) -> int:
     """Scan *source* with *pipeline* and insert a registry entry per group; how many were new."""
     total = 0
     chunk: list[dict[str, Any]] = []
-    for group in source.aggregate(pipeline, allowDiskUse=True):
+    for group in _groups(source, pipeline):
         sender, key = group["_id"].get("s"), group["_id"].get("k")
         if isinstance(key, str) and sender is not None:
             chunk.append({"_id": registry_id(sender, key), "sender_id": sender, "data_key": key, "event_time": group["t"]})
         if len(chunk) >= CHUNK:
             total, chunk = total + _insert(posts, chunk), []
     return total + _insert(posts, chunk)
+
+
+def _groups(source: Any, pipeline: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The groups of *pipeline*; where the server does not implement it (FerretDB 1 has no ``$min`` accumulator), the
+    same groups computed here from one scan of the fields they need (a group met twice is registered once)."""
+    from pymongo.errors import OperationFailure
+
+    try:
+        yield from source.aggregate(pipeline, allowDiskUse=True)
+        return
+    except OperationFailure as exc:
+        if exc.code != NOT_IMPLEMENTED:
+            raise
+    unwind = pipeline[0].get("$unwind") == "$items"
+    first: dict[tuple[Any, Any], Any] = {}
+    fields = {"items.sender_id": 1, "items.data_key": 1, "items.event_time": 1} if unwind else {
+        "sender_id": 1, "data_key": 1, "event_time": 1}
+    for doc in source.find({}, fields):
+        for item in (doc.get("items", []) if unwind else [doc]):
+            pair = (item.get("sender_id"), item.get("data_key"))
+            when = item.get("event_time")
+            if pair not in first or (when is not None and when < first[pair]):
+                first[pair] = when
+    for (sender, key), when in first.items():
+        yield {"_id": {"s": sender, "k": key}, "t": when}
 
 
 def _insert(posts: Any, docs: list[dict[str, Any]]) -> int:
