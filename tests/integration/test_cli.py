@@ -230,10 +230,11 @@ def test_status_shows_what_a_service_saw(make_config: Callable[..., RouterConfig
     assert f"seen by the service at {url}:" in result.stdout
     rows = {line.split()[0]: line.split() for line in result.stdout.split("seen by the service")[1].splitlines()[2:5]}
     assert set(rows) == {"cluster_1", "cluster_2", "cluster_3"}
-    # a metadata read each at start-up, then one insert each, then the page's find in each (one item per period)
-    assert [rows[c][1:3] for c in ("cluster_1", "cluster_2", "cluster_3")] == [["3", "0"]] * 3
+    # a metadata read each at start-up, then one insert each and its post's registration (the posts registry by
+    # sender, which an erasure reads), then the page's find in each (one item per period)
+    assert [rows[c][1:3] for c in ("cluster_1", "cluster_2", "cluster_3")] == [["4", "0"]] * 3
     assert all(rows[c][4] == "yes" for c in rows)
-    assert [r["metrics"]["requests"] for r in as_json] == [3, 3, 3] and all(r["metrics"]["mean_ms"] > 0 for r in as_json)
+    assert [r["metrics"]["requests"] for r in as_json] == [4, 4, 4] and all(r["metrics"]["mean_ms"] > 0 for r in as_json)
 
 
 def test_unseen_arguments(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
