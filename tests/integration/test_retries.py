@@ -19,6 +19,10 @@ from .conftest import NOW, P1, register
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
+#: The bytes of an insert into the feed (the ``insert: "feed"`` field of its command), so a cut misses the insert that
+#: registers a write's posts by sender (``posts``), which comes first.
+FEED_INSERT = b"\x02insert\x00\x05\x00\x00\x00feed\x00"
+
 
 @pytest.fixture
 def proxied(
@@ -55,7 +59,7 @@ def test_blip_is_retried_and_logged(proxied: Callable[..., tuple[FeedRouter, Bli
     """The connection carrying the insert is cut once: the write still succeeds, once, and debug logs the retry."""
     router, proxy = proxied()
     router.write_many(batch(5))
-    proxy.cut_next(b"insert", 1)
+    proxy.cut_next(FEED_INSERT, 1)
     with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
         router.write_many(batch(20, offset=100))
     assert proxy.cuts == 1
@@ -70,7 +74,7 @@ def test_a_retry_is_counted(proxied: Callable[..., tuple[FeedRouter, BlipProxy]]
     registry = CollectorRegistry()
     router, proxy = proxied(metrics=PrometheusMetrics(registry=registry))
     router.write_many(batch(5))
-    proxy.cut_next(b"insert", 1)
+    proxy.cut_next(FEED_INSERT, 1)
     router.write_many(batch(20, offset=100))
     assert proxy.cuts == 1
 
@@ -86,14 +90,14 @@ def test_a_retry_is_counted(proxied: Callable[..., tuple[FeedRouter, BlipProxy]]
 def test_retries_are_bounded(proxied: Callable[..., tuple[FeedRouter, BlipProxy]], raw_clients: Clients, db_name: str) -> None:
     """More blips than retries: every item of that cluster is reported not written, by index."""
     router, proxy = proxied(write_retries=1, retry_backoff=timedelta(milliseconds=10))
-    proxy.cut_next(b"insert", 5)
+    proxy.cut_next(FEED_INSERT, 5)
     with pytest.raises(WriteFailed) as info:
         router.write_many(batch(10))
     assert proxy.cuts == 2  # the first attempt and one retry
     assert sorted(info.value.failed) == list(range(10))
     assert all(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in info.value.failed.values())
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 0
-    proxy.cut_next(b"insert", 0)
+    proxy.cut_next(FEED_INSERT, 0)
     router.write_many(batch(10))  # and after the blips, the same items go in once
     assert raw_clients["cluster_2"][db_name].feed.count_documents({}) == 10
 
@@ -102,7 +106,7 @@ def test_lost_reply_retry_counts_stored_copies_once(proxied: Callable[..., tuple
                                                    db_name: str, caplog: pytest.LogCaptureFixture) -> None:
     """The insert reaches the server but its reply is cut: the retry's duplicates are read back, nothing doubles or goes missing."""
     router, proxy = proxied()
-    proxy.cut_reply_next(b"insert", 1)
+    proxy.cut_reply_next(FEED_INSERT, 1)
     with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
         ids = router.write_many(batch(15))
     assert proxy.cuts == 1 and "retry 1 of 2" in caplog.text
@@ -119,7 +123,7 @@ def test_lost_reply_and_lost_read_back_give_every_id_and_outcome(
     ids, leaves one copy each."""
     router, proxy = proxied(retry_backoff=timedelta(milliseconds=10), timeout=timedelta(seconds=2))
     items = batch(12)  # all in cluster_2's period
-    proxy.cut_reply_next(b"insert", 1)
+    proxy.cut_reply_next(FEED_INSERT, 1)
     proxy.cut_next(b"find", 10_000)  # every read-back attempt (pymongo's own read retry is off: there is one)
     with pytest.raises(WriteFailed) as info:
         router.write_many(items)
