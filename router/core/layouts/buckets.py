@@ -155,21 +155,22 @@ def _item(doc: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
                     data=doc["data"], data_key=doc["data_key"], id=doc["_id"])
 
 
-def _data_size(data: Mapping[str, Any]) -> int:
-    """What giving a copy *data* (and its digest) adds to its bucket's ``bytes`` at most (its old data is not
+def _data_size(data: Mapping[str, Any], mark: str) -> int:
+    """What giving a copy *data* and its digest *mark* adds to its bucket's ``bytes`` at most (its old data is not
     subtracted)."""
-    return len(bson.encode({"data": data, DIGEST: digest(data)}))
+    return len(bson.encode({"data": data, DIGEST: mark}))
 
 
-def _redata(data: Mapping[str, Any], match: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _redata(data: Mapping[str, Any], mark: str, size: int,
+            match: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The filters (*match* narrowed) and updates that give the copies picked by :func:`_the_key` new data and its
     digest (arrayFilters: the positional ``$`` with ``$elemMatch`` is refused by some servers).
 
     A bucket holding that copy alone (``count`` 1: one append, and no removal, which would have sealed it) gets
     ``bytes`` set to the copy's size, so a copy as large as a write takes is updated in place any number of times; a
-    bucket shared with other copies is charged the new data's size, where it has room under :data:`MAX_BYTES`."""
-    size = _data_size(data)
-    new = {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": digest(data)}
+    bucket shared with other copies is charged the new data's *size* (:func:`_data_size`), where it has room under
+    :data:`MAX_BYTES`. (*mark* and *size* are computed once per call: the data may be near 16 MiB.)"""
+    new = {"items.$[copy].data": data, f"items.$[copy].{DIGEST}": mark}
     return [({**match, "count": 1}, {"$set": {**new, "bytes": size + _FIELDS_BOUND}}),
             ({**match, "count": {"$gt": 1}, "bytes": {"$lte": MAX_BYTES - size}}, {"$set": new, "$inc": {"bytes": size}})]
 
@@ -178,8 +179,8 @@ def _the_key(data_key: str) -> list[dict[str, Any]]:
     return [{"copy.data_key": data_key}]
 
 
-def _stale(data_key: str, data: Mapping[str, Any]) -> dict[str, Any]:
-    return {"items": {"$elemMatch": {"data_key": data_key, DIGEST: {"$ne": digest(data)}}}}
+def _stale(data_key: str, mark: str) -> dict[str, Any]:
+    return {"items": {"$elemMatch": {"data_key": data_key, DIGEST: {"$ne": mark}}}}
 
 
 def _key(t: datetime, oid: ObjectId) -> tuple[datetime, bytes]:
@@ -268,6 +269,7 @@ class Buckets(Layout):
             deadline: float) -> list[Request]:
         out: list[Request] = []
         mark = digest(data) if data is not None else ""
+        size = _data_size(data, mark) if data is not None else 0
         for chunk in chunks(ids, beside=0 if data is None else len(bson.encode(data))):
             if data is None:  # (data_key first: its index finds the buckets)
                 out.append(Update(cluster, "feed", {"items.data_key": data_key, "items._id": {"$in": chunk}},
@@ -275,7 +277,7 @@ class Buckets(Layout):
             else:
                 match = {"items": {"$elemMatch": {"_id": {"$in": chunk}, "data_key": data_key, DIGEST: {"$ne": mark}}}}
                 out += [Update(cluster, "feed", target, update, deadline, array_filters=_the_key(data_key))
-                        for target, update in _redata(data, match)]
+                        for target, update in _redata(data, mark, size, match)]
         return out
 
     # -- reads ----------------------------------------------------------------------------------
@@ -355,7 +357,9 @@ class Buckets(Layout):
                                         update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what))
         # Matched on the data's digest, not the data, which would make the statement carry it twice.
         done = 0
-        for match, update in _redata(data, _stale(data_key, data)):
+        mark = digest(data)
+        size = _data_size(data, mark)
+        for match, update in _redata(data, mark, size, _stale(data_key, mark)):
             changed, error = yield from in_steps(cluster, "feed", match, steps, update=update,
                                                  array_filters=_the_key(data_key), what=what)
             done += changed
@@ -363,12 +367,12 @@ class Buckets(Layout):
                 return done, error
         # Copies left with old data in shared buckets without room for the new. (A copy a running fan-out writes
         # meanwhile, in a bucket with room, is the fence's to fix, as in every layout.)
-        full = {**_stale(data_key, data), "count": {"$gt": 1}, "bytes": {"$gt": MAX_BYTES - _data_size(data)}}
+        full = {**_stale(data_key, mark), "count": {"$gt": 1}, "bytes": {"$gt": MAX_BYTES - size}}
         left = yield Count(cluster, "feed", full, deadline_in(steps.timeout))
         if isinstance(left, Failure):
             return done, left.error
         if left:
-            return done, BucketsFull(cluster, data_key, int(left), _data_size(data))
+            return done, BucketsFull(cluster, data_key, int(left), size)
         return done, None
 
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
