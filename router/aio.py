@@ -45,7 +45,6 @@ from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, Receivers
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.aclusters import AsyncClusters
-from .timemap import TimeMap
 
 __all__ = ["AsyncFeedRouter"]
 
@@ -141,53 +140,6 @@ class AsyncFeedRouter(AsyncDoorBase):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    # -- state -------------------------------------------------------------------------
-
-    @property
-    def timemap(self) -> TimeMap:
-        """The time map in use (replaced as a whole by :meth:`refresh`)."""
-        return self._started("timemap")[1].timemap
-
-    @property
-    def routing(self) -> Routing:
-        """The time map in use with the moment its load began and its horizon."""
-        return self._started("routing")[1]
-
-    @property
-    def refreshed_at(self) -> datetime:
-        """When the load of the map in use began (by the router's clock)."""
-        return self._started("refreshed_at")[1].loaded_at
-
-    @property
-    def clusters(self) -> AsyncClusters:
-        """The configured clusters and their clients."""
-        return self._started("clusters")[0]
-
-    @property
-    def fanouts(self) -> AsyncFanOutExecutor:
-        """Background fan-outs: at most ``fanout_workers`` jobs at once; closed by :meth:`close`."""
-        self._started("fanouts")
-        assert self._fanouts is not None
-        return self._fanouts
-
-    # -- refresh -----------------------------------------------------------------------
-
-    async def refresh(self) -> TimeMap:
-        """Reload every cluster's metadata; the old map stays in use if this raises.
-
-        A cluster that does not answer keeps its last known period. The map and the time
-        its load began are replaced together, and never by an older load.
-        """
-        return (await self._refresh_call()).timemap
-
-    async def stop_refresh(self) -> None:
-        """Stop the background refresh (the map stays as it is)."""
-        self._on_loop("stop_refresh")
-        task, self._refresher = self._refresher, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     # -- writes ------------------------------------------------------------------------
 

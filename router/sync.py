@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, overload
 
 from bson import ObjectId
 
@@ -33,53 +32,23 @@ from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult
-from .core.steps import Program
 from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
-from .errors import RouterClosed, RouterError, WriteFailed
+from .errors import WriteFailed
 from .exports import ExportFolder, ExportResult
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.clusters import Clusters
-from .timemap import TimeMap
+from .sync_base import SyncDoorBase, _Calls
 
 __all__ = ["FeedRouter"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class _Calls:
-    """Calls in flight, and the switch that refuses new ones once ``close()`` begins."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._active = 0
-        self.closed = False
-
-    @contextmanager
-    def call(self, name: str) -> Iterator[None]:
-        with self._cond:
-            if self.closed:
-                raise RouterClosed(f"{name}(): this FeedRouter is closed")
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-    def close(self, wait: float) -> bool:
-        """Refuse new calls; wait up to *wait* seconds for the ones in flight; True if none is left."""
-        with self._cond:
-            self.closed = True
-            return self._cond.wait_for(lambda: self._active == 0, timeout=wait)
-
-
-class FeedRouter:
+class FeedRouter(SyncDoorBase):
     """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``.
 
     Example::
@@ -138,84 +107,6 @@ class FeedRouter:
         """Load ``clusters.yaml``, connect to every cluster and build the time map."""
         return cls(load_config(path), clock=clock, refresh=refresh, fanout_workers=fanout_workers,
                    event_listeners=event_listeners, metrics=metrics, tracer_provider=tracer_provider)
-
-    # -- state -------------------------------------------------------------------------
-
-    @property
-    def timemap(self) -> TimeMap:
-        """The time map in use (replaced as a whole by :meth:`refresh`)."""
-        return self._routing.timemap
-
-    @property
-    def routing(self) -> Routing:
-        """The time map in use with the moment its load began and its horizon."""
-        return self._routing
-
-    @property
-    def refreshed_at(self) -> datetime:
-        """When the load of the map in use began (by the router's clock)."""
-        return self._routing.loaded_at
-
-    @property
-    def clusters(self) -> Clusters:
-        """The configured clusters and their clients."""
-        return self._clusters
-
-    @property
-    def fanouts(self) -> FanOutExecutor:
-        """Background fan-outs: at most ``fanout_workers`` jobs at once; closed by :meth:`close`."""
-        return self._fanouts
-
-    def _view(self) -> calls.View:
-        return calls.View(self.config, self.settings, self._routing, tuple(self._clusters.names), self._clock())
-
-    def _run(self, name: str, program: Program[T]) -> T:
-        with self._calls.call(name), self._observe.call(name):
-            return self._clusters.run(program)
-
-    # -- refresh -----------------------------------------------------------------------
-
-    def refresh(self) -> TimeMap:
-        """Reload every cluster's metadata; the old map stays in use if this raises.
-
-        A cluster that does not answer keeps its last known period. The map and the time
-        its load began are replaced together, and never by an older load.
-        """
-        with self._calls.call("refresh"), self._observe.call("refresh"):
-            return self._refresh().timemap
-
-    def _refresh(self) -> Routing:
-        with self._refresh_lock:
-            started = self._clock()
-            timemap = self._clusters.load_timemap(previous=self._routing.timemap)
-            newer = self._routing.replaced_by(timemap, started)
-            if newer is not None:
-                self._routing = newer
-                self._clusters.record(Event("timemap_loaded", started.timestamp()))
-            return self._routing
-
-    def _refresh_for_core(self) -> Routing | RouterError:
-        try:
-            return self._refresh()
-        except RouterError as exc:
-            return exc
-
-    def _refresh_loop(self) -> None:
-        interval = self.config.refresh_interval.total_seconds()
-        while not self._stop.wait(interval):
-            try:
-                self.refresh()
-            except RouterClosed:
-                return
-            except RouterError as exc:
-                log.warning("metadata refresh failed; keeping the map loaded at %s: %s", self.refreshed_at.isoformat(), exc)
-
-    def stop_refresh(self) -> None:
-        """Stop the background refresh (the map stays as it is)."""
-        self._stop.set()
-        if self._refresher is not None and self._refresher is not threading.current_thread():
-            self._refresher.join()
-        self._refresher = None
 
     # -- writes ------------------------------------------------------------------------
 
