@@ -1,51 +1,10 @@
-"""``clusters.yaml``: which clusters exist and how to reach them.
+"""``clusters.yaml``: which clusters exist and how to reach them (every field: docs/operating/clusters-yaml.md).
 
 Pure module (no pymongo). Loading validates the whole file and reports every
 problem at once, each as ``clusters.yaml:LINE:COL: path.to.field: what is wrong
-(got VALUE)``, in a single :class:`~router.errors.ConfigError`.
-
-Example file::
-
-    database: feed                 # default "feed"
-    collections:                   # defaults shown
-      feed: feed
-      metadata: metadata
-    read_window:                   # optional; no limit when absent
-      clusters: 3                  # the 3 most recent started periods
-      max_age: 400d                # and/or periods that ended less than 400 days ago
-    read:
-      on_unavailable: raise        # or partial: serve what the reachable clusters hold
-      max_pull: 1000               # the most senders one read may pull from outboxes, or one backfill copy from
-      max_periods: 32              # optional: the most periods one page asks; a page short after that many returns
-                                   # what it has, with a cursor that goes on with the next older period
-    fanout:
-      pull_threshold: 100000       # publish(): authors with more followers are pulled, not pushed
-    write:
-      batch_size: 1000             # documents per insert_many
-      retries: 2                   # extra attempts after a transient network error
-      retry_backoff: 100ms         # first backoff, doubled each retry, jittered
-    refresh_interval: 60s          # how often every router reloads the metadata
-    timeout: 10s                   # the longest any call waits for a cluster (retries included)
-    clients:
-      idle_close: 10m              # a deployment's client unused this long is closed (made again on demand)
-    celery:                        # optional; fan-out on Celery workers (router.fanout.celery)
-      broker: redis://:${REDIS_PASSWORD}@broker.example:6379/0
-      visibility_timeout: 1h       # Redis/SQS: an unacknowledged batch is delivered again after this
-      retries: 3                   # a batch whose cluster failed is tried again this many times
-      retry_backoff: 5s            # first pause before a retry, doubled each time, jittered
-    erasure:                       # optional; the key of the erasure records' pseudonyms (router.core.pseudonyms)
-      key: ${FEED_ERASURE_KEY}     # a secret of 16 to 64 bytes, the same for every router and worker
-    clusters:
-      - name: cluster_1
-        uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
-        options: {serverSelectionTimeoutMS: 5000, maxPoolSize: 50}
-      - name: cluster_2            # another period on the same deployment, in a database of its own
-        uri: mongodb://feed:${FEED_DB_PASSWORD}@db1.example:27017
-        options: {serverSelectionTimeoutMS: 5000, maxPoolSize: 50}
-        database: feed_2024_02     # default: the URI's path (mongodb://host/feed_2024_02), else the top-level one
-
-Strings may use ``${VAR}`` or ``${VAR:-default}``; a variable that is unset (and has
-no default) is a config error. Secrets belong in the environment, not the file.
+(got VALUE)``, in a single :class:`~router.errors.ConfigError`. Strings may use
+``${VAR}`` or ``${VAR:-default}``; a variable that is unset (and has no default) is a
+config error, so secrets stay in the environment, not the file.
 """
 
 from __future__ import annotations

@@ -390,3 +390,16 @@ def test_the_database_in_the_uri_path_is_the_periods_database() -> None:
     ]
     with pytest.raises(ConfigError, match=r"clusters\['x'\].database: contradicts the database in the URI's path"):
         ClusterConfig(name="x", uri="mongodb://h:1/feed_a", database="feed_b")
+
+
+def test_the_example_of_the_clusters_yaml_page_is_a_valid_file() -> None:
+    """docs/operating/clusters-yaml.md's example loads as it reads: three clusters (two on one deployment, in their
+    own databases), the rollover standby, the Celery broker and the erasure key, secrets from the environment."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operating" / "clusters-yaml.md").read_text()
+    example = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    env = {"FEED_DB_PASSWORD": "db-secret", "FEED_ERASURE_KEY": "e" * 32, "REDIS_PASSWORD": "broker-secret"}
+    config = parse_config(example, env=env)
+    assert [c.name for c in config.clusters] == ["cluster_1", "cluster_5", "cluster_6"]
+    assert config.clusters[2].database == "feed_2027_02" and config.rollover is not None
+    assert config.rollover.standby == ("cluster_5",) and config.celery is not None
+    assert config.celery.broker.startswith("redis://") and "secret" not in repr(config)
