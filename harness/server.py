@@ -129,11 +129,16 @@ class LocalServer:
         logger.info("killed %s (port %d)", self.name, self.port)
 
     def pause(self) -> None:
-        """Freeze the server with SIGSTOP: it keeps its port but answers nothing."""
+        """Freeze the server with SIGSTOP: it keeps its port but answers nothing. Returns once every thread of the
+        process is stopped (a thread busy in the kernel stops only when it leaves it)."""
         if self._container is not None:
             self._container.get_wrapped_container().pause()
             return
         self._signal(signal.SIGSTOP)
+        assert self._process is not None
+        waited = _wait_stopped(self._process.pid, timeout=10.0)
+        if waited is not None:
+            raise HarnessError(f"{self.name}: pid {self._process.pid} not stopped 10 s after SIGSTOP ({waited})")
 
     def resume(self) -> None:
         """Let a paused server run again (SIGCONT)."""
@@ -235,3 +240,20 @@ def _container_status(container: Any) -> str:
         return str(wrapped.status)
     except Exception:  # noqa: BLE001 - a vanished container is simply not alive
         return "gone"
+
+
+def _wait_stopped(pid: int, *, timeout: float) -> str | None:
+    """Wait until every thread of *pid* is in state ``T`` (stopped); None once they are, else what is still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            with contextlib.suppress(OSError):
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("T", "t", "Z", "X"):
+                    running.append(f"thread {stat.parent.name}: {state}")
+        if not running:
+            return None
+        if time.monotonic() > deadline:
+            return ", ".join(running)
+        time.sleep(0.01)
