@@ -149,6 +149,10 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
                 log.exception("benchmark %s failed", name)
                 result = Result(name, f"{name} (failed)", "-", [], [], [], "runs", False, f"failed: {exc}")
             results += result if isinstance(result, list) else [result]
+            # Written after every row too, so a run stopped part-way keeps the rows it finished.
+            (results_dir / "bench.json").write_text(json.dumps(
+                {"environment": {**env, "partial": f"{len(results)} rows, stopped after {name}"},
+                 "results": [attrs.asdict(r) for r in results]}, indent=2))
         out.write("\n| measure | router | raw pymongo | unit | ratio router/raw | target | result |\n"
                   "| --- | --- | --- | --- | --- | --- | --- |\n")
         out.write("\n".join(r.row() for r in results) + "\n\n")
