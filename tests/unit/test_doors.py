@@ -22,7 +22,11 @@ ASYNC_NAMES = {"AsyncFeedRouter": "FeedRouter", "AsyncFanOutHandle": "FanOutHand
 
 
 def public(cls: type) -> dict[str, object]:
-    return {name: member for name, member in vars(cls).items() if not name.startswith("_")}
+    """The door's public members as defined, its base's (the calls in flight, the map, its refresh) included."""
+    members: dict[str, object] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        members.update((name, member) for name, member in vars(klass).items() if not name.startswith("_"))
+    return members
 
 
 def shared() -> list[str]:
