@@ -94,7 +94,7 @@ def bench_cpu(n: int, reps: int) -> Result:
             for k in keys:
                 data_key("fabula", k)
             for _, batch in prepare(items, routing).batches.values():
-                batch.documents(copies)
+                copies.documents(batch)  # as the write path builds them (router.core.writes.insert_program)
 
         return timed(work) / n * 1e9
 

@@ -33,6 +33,7 @@ from bson import ObjectId
 
 from ...cursor import Position
 from ...model import FeedItem
+from ..nogc import cyclic_gc_paused
 from ..policy import RetryPolicy
 from ..steps import Collection, Failure, Program, Request
 from ...layout_names import DEFAULT
@@ -149,7 +150,8 @@ class Layout(Writer[CopyBatch]):
 
     # -- writes ---------------------------------------------------------------------------------
     def documents(self, batch: CopyBatch) -> list[Any]:
-        return batch.documents(self)
+        with cyclic_gc_paused():  # a dict per copy, no cycles (see router.core.nogc)
+            return batch.documents(self)
 
     @abc.abstractmethod
     def copy_documents(self, copies: Sequence[Copy]) -> list[Any]:
