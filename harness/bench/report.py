@@ -9,7 +9,7 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,6 +43,12 @@ from .workers import bench_celery_scaling
 from .writes import bench_cpu, bench_handwritten, bench_writes
 
 log = logging.getLogger(__name__)
+
+
+def _save(results_dir: Path, environment: Mapping[str, Any], results: list[Result]) -> None:
+    """Write ``bench.json``: the run's environment and every row so far."""
+    (results_dir / "bench.json").write_text(json.dumps(
+        {"environment": dict(environment), "results": [attrs.asdict(r) for r in results]}, indent=2))
 
 
 def _chart(results: list[Result], path: Path) -> str:
@@ -150,16 +156,14 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
                 result = Result(name, f"{name} (failed)", "-", [], [], [], "runs", False, f"failed: {exc}")
             results += result if isinstance(result, list) else [result]
             # Written after every row too, so a run stopped part-way keeps the rows it finished.
-            (results_dir / "bench.json").write_text(json.dumps(
-                {"environment": {**env, "partial": f"{len(results)} rows, stopped after {name}"},
-                 "results": [attrs.asdict(r) for r in results]}, indent=2))
+            _save(results_dir, {**env, "partial": f"{len(results)} rows, stopped after {name}"}, results)
         out.write("\n| measure | router | raw pymongo | unit | ratio router/raw | target | result |\n"
                   "| --- | --- | --- | --- | --- | --- | --- |\n")
         out.write("\n".join(r.row() for r in results) + "\n\n")
         for r in results:
             if r.note:
                 out.write(f"- {r.name}: {r.note}\n")
-        (results_dir / "bench.json").write_text(json.dumps({"environment": env, "results": [attrs.asdict(r) for r in results]}, indent=2))
+        _save(results_dir, env, results)
         out.write(f"\nraw figures: {results_dir / 'bench.json'}\n{_chart(results, results_dir / 'bench.png')}\n")
         judged = [r for r in results if r.judged]
         verdicts = ", ".join(f"{r.name} {r.verdict}" for r in results)
