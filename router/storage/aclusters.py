@@ -33,7 +33,7 @@ from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
 from .clients import Collections, Deployments, client_maker, secrets_of
 from .clusters import Clusters
-from .requests import IO_REQUESTS, IORequest, call_for, failed, late, observed, request_op, time_left, unknown
+from .requests import IO_REQUESTS, IORequest, calls_for, failed, late, observed, request_op, time_left, unknown
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
 
@@ -74,15 +74,17 @@ class AsyncCluster:
 
     async def _execute(self, request: IORequest) -> Any:
         with self.clients.using(self.spec, request.collection) as client:
-            left = time_left(request, client)
-            if left <= 0:
-                return late(request, self.name, client)
-            call, answer = call_for(request, self._collections.on(client)[request.collection])
-            try:
-                with pymongo.timeout(left):
-                    return answer(await call())
-            except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
-                return failed(request, exc, self.name, self.secrets)
+            result: Any = None
+            for call, answer in calls_for(request, client, self._collections.on(client)[request.collection]):
+                left = time_left(request, client)
+                if left <= 0:
+                    return late(request, self.name, client)
+                try:
+                    with pymongo.timeout(left):
+                        result = answer(await call())
+                except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
+                    return failed(request, exc, self.name, self.secrets)
+            return result
 
 
 class AsyncClusters:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from bson.errors import BSONError
-from pymongo import UpdateOne
+from pymongo import ReadPreference, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, PyMongoError
 
@@ -36,7 +36,8 @@ from .errors import classify
 from .finds import read as read_sync
 from .finds import WHOLE, read_async
 
-__all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "request_op", "time_left"]
+__all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "calls_for",
+           "request_op", "time_left"]
 
 IORequest = Find | Count | Aggregate | Insert | Upserts | Delete | Update
 #: The request types a driver sends to a cluster (for ``isinstance``).
@@ -132,6 +133,21 @@ def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Ev
 SELECTION_STEP = 0.5
 
 
+def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[Call]:
+    """The calls that carry out *request* on *coll*, each sent with the time left (:func:`time_left`) when its turn comes.
+
+    While *client* knows no server the request may use, a ``ping`` waits for one first: that
+    wait alone is capped at ``serverSelectionTimeoutMS``, and the request then gets what is
+    left of its deadline, so the first request to a restarted cluster does not have to find
+    the server *and* be answered within it.
+    """
+    if not _server_known(request, client):
+        reads = isinstance(request, (Find, Count, Aggregate))
+        preference = client.read_preference if reads else ReadPreference.PRIMARY
+        yield (lambda: client.admin.command("ping", read_preference=preference)), _SENT_AS_IS
+    yield call_for(request, coll)
+
+
 def time_left(request: IORequest, client: Any) -> float:
     """The time this request may take: what is left before its deadline (zero or less: do not send it).
 
@@ -139,8 +155,11 @@ def time_left(request: IORequest, client: Any) -> float:
     and waits until the deadline. Both are applied here again: no request waits longer than
     its cluster's ``socketTimeoutMS`` (when set), so a hung cluster fails in the time the
     configuration says, as a timeout; and while the client knows no server the request may
-    use (the cluster is down, or not reached yet), the wait is capped at
-    ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
+    use (the cluster is down, or not reached yet), the wait for one (the ``ping`` of :func:`calls_for`) is
+    capped at ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
+    Once the client has found its servers failing, pymongo looks at them again only on its
+    next check, up to :data:`SELECTION_STEP` away: that wait gets ``serverSelectionTimeoutMS``
+    beyond it, or a restarted cluster could be missed with a short one.
 
     While it knows no server it may use, pymongo looks for one again only every
     :data:`SELECTION_STEP`, so such a wait can end that long after the time it was given.
@@ -155,9 +174,12 @@ def time_left(request: IORequest, client: Any) -> float:
     if socket_timeout:
         left = min(left, socket_timeout)
     known = _server_known(request, client)
-    if (not known and _servers_failed(client)) or _driver_retries(request, client):
+    recheck = not known and _servers_failed(client)
+    if recheck or _driver_retries(request, client):
         left -= SELECTION_STEP
-    return left if known else min(left, float(client.options.server_selection_timeout))
+    if known:
+        return left
+    return min(left, float(client.options.server_selection_timeout) + (SELECTION_STEP if recheck else 0.0))
 
 
 def _driver_retries(request: IORequest, client: Any) -> bool:

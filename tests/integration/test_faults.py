@@ -338,3 +338,36 @@ def test_calls_racing_close_complete_or_fail_truthfully(spare_router: tuple[Feed
                  lambda: router.refresh(), lambda: router.update("k", {}), lambda: router.fan_out_status("j")):
         with pytest.raises(RouterClosed):
             call()
+
+
+def test_the_first_request_after_a_restart_gets_the_calls_time(
+    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any], db_name: str
+) -> None:
+    """``serverSelectionTimeoutMS`` bounds the wait for a restarted cluster, not the request sent once it is found.
+
+    pymongo notices a restarted server on its next check, up to half a second after it is
+    asked for one. The router used to give the whole first request ``serverSelectionTimeoutMS``
+    from the start of that wait, so a batch that took longer than what the wait left failed
+    although the cluster was up (the resume of a fan-out, with 500 ms, failed in CI).
+    """
+    with LocalClusters(1, names=["spare"]) as spare:
+        uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
+        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], serverSelectionTimeoutMS=300)  # < pymongo's 0.5 s step
+        register(config)
+        router = open_router(config, clock=lambda: NOW, refresh=False)
+        server = spare.servers[0]
+        in_thread(lambda: router.write_many(feed_items(1, 10)))
+        server.kill()
+        with pytest.raises(WriteFailed):  # the router's client has now seen its server fail
+            in_thread(lambda: router.write_many(feed_items(2, 10)))
+        server.restart()
+        span = (P2 - P1) / 20_000
+        batch = [FeedItem(receiver_id=3, sender_id=1, event_time=P1 + span * i, type=1, data={"n": i, "pad": "x" * 200},
+                          data_key=data_key("r", i))
+                 for i in range(20_000)]  # one insert, far longer to store than the 300 ms
+        in_thread(lambda: router.write_many(batch))
+        client: MongoClient[dict[str, Any]] = MongoClient(spare.uris[0])
+        try:
+            assert client[db_name].feed.count_documents({"receiver_id": 3}) == 20_000
+        finally:
+            client.close()
