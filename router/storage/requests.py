@@ -136,12 +136,14 @@ SELECTION_STEP = 0.5
 def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[Call]:
     """The calls that carry out *request* on *coll*, each sent with the time left (:func:`time_left`) when its turn comes.
 
-    While *client* knows no server the request may use, a ``ping`` waits for one first: that
-    wait alone is capped at ``serverSelectionTimeoutMS``, and the request then gets what is
-    left of its deadline, so the first request to a restarted cluster does not have to find
-    the server *and* be answered within it.
+    Once *client* has found the cluster's servers failing and knows none the request may use,
+    a ``ping`` waits for one first: that wait alone is capped at ``serverSelectionTimeoutMS``
+    (after pymongo's next check), and the request then gets what is left of its deadline, so
+    the first request to a restarted cluster does not have to find the server *and* be
+    answered within it. A client not connected yet checks its servers at once: its first
+    request is sent as it is, not doubled by a ping.
     """
-    if not _server_known(request, client):
+    if not _server_known(request, client) and _servers_failed(client):
         reads = isinstance(request, (Find, Count, Aggregate))
         preference = client.read_preference if reads else ReadPreference.PRIMARY
         yield (lambda: client.admin.command("ping", read_preference=preference)), _SENT_AS_IS
@@ -155,11 +157,12 @@ def time_left(request: IORequest, client: Any) -> float:
     and waits until the deadline. Both are applied here again: no request waits longer than
     its cluster's ``socketTimeoutMS`` (when set), so a hung cluster fails in the time the
     configuration says, as a timeout; and while the client knows no server the request may
-    use (the cluster is down, or not reached yet), the wait for one (the ``ping`` of :func:`calls_for`) is
-    capped at ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
-    Once the client has found its servers failing, pymongo looks at them again only on its
-    next check, up to :data:`SELECTION_STEP` away: that wait gets ``serverSelectionTimeoutMS``
-    beyond it, or a restarted cluster could be missed with a short one.
+    use (the cluster is down, or not reached yet), the wait for one is capped at
+    ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
+    Once the client has found its servers failing, that wait is the ``ping`` of
+    :func:`calls_for`, and pymongo looks at them again only on its next check, up to
+    :data:`SELECTION_STEP` away: the wait gets ``serverSelectionTimeoutMS`` beyond it, or a
+    restarted cluster could be missed with a short one.
 
     While it knows no server it may use, pymongo looks for one again only every
     :data:`SELECTION_STEP`, so such a wait can end that long after the time it was given.
