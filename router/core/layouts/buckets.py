@@ -201,6 +201,43 @@ def _buckets(receiver_id: int | str, *, read: Sequence[ObjectId], oldest_by: dat
     return match
 
 
+def _walk(cluster: str, receiver_id: int | str, after: Position | None, need: int, types: tuple[int | str, ...],
+          deadline: float, *, newest_first: bool) -> Program[Inbox | Failure]:
+    """A page of the receiver's items past *after*, newest or oldest first (one walk for ``inbox`` and
+    ``oldest_first``): buckets are read by their newest item (oldest first: by their oldest), and the page is served
+    once no unread bucket can hold an item that comes before its last."""
+    bound = _key(after.event_time, after.id) if after is not None else None
+    edge = after.event_time if after is not None else None
+    # Buckets that can hold an item past *after*; then, of those unread, one that can come before the page's last.
+    within, reach = ("oldest_by", "newest_from") if newest_first else ("newest_from", "oldest_by")
+    wanted = set(types)
+    found: list[tuple[datetime, ObjectId, FeedItem]] = []
+    read: list[ObjectId] = []
+    while True:
+        docs = yield Find(cluster, "feed", _buckets(receiver_id, read=read, **{within: edge}), deadline,
+                          sort=_ORDER if newest_first else _OLDEST, limit=READ_AHEAD)
+        if isinstance(docs, Failure):
+            return docs
+        for doc in docs:
+            read.append(doc["_id"])
+            for item in doc.get("items", ()):
+                t, oid = item["event_time"], item["_id"]
+                if bound is not None and ((_key(t, oid) >= bound) if newest_first else (_key(t, oid) <= bound)):
+                    continue
+                if not wanted or item["type"] in wanted:
+                    found.append((t, oid, _item(item, receiver_id)))
+        found.sort(key=lambda e: _key(e[0], e[1]), reverse=newest_first)
+        if len(docs) < READ_AHEAD:  # every bucket read
+            return Inbox(found[:need], len(found) > need)
+        if len(found) >= need:
+            match = _buckets(receiver_id, read=read, **{within: edge, reach: found[need - 1][0]})
+            others = yield Count(cluster, "feed", match, deadline, limit=1)
+            if isinstance(others, Failure):
+                return others
+            if not others:
+                return Inbox(found[:need], True)
+
+
 def _erase(cluster: str, match: Mapping[str, Any], steps: EditSettings, update: Mapping[str, Any] | None,
            counted: Callable[[Mapping[str, Any]], bool]) -> Program[Edited]:
     """Remove copies in steps of buckets: of those matching *match*, pull with *update* (None: delete the buckets),
@@ -283,33 +320,7 @@ class Buckets(Layout):
     # -- reads ----------------------------------------------------------------------------------
     def inbox(self, cluster: str, receiver_id: int | str, position: Position | None, need: int,
               types: tuple[int | str, ...], deadline: float) -> Program[Inbox | Failure]:
-        bound = _key(position.event_time, position.id) if position is not None else None
-        oldest_by = position.event_time if position is not None else None
-        wanted = set(types)
-        found: list[tuple[datetime, ObjectId, FeedItem]] = []
-        read: list[ObjectId] = []
-        while True:
-            docs = yield Find(cluster, "feed", _buckets(receiver_id, read=read, oldest_by=oldest_by), deadline,
-                              sort=_ORDER, limit=READ_AHEAD)
-            if isinstance(docs, Failure):
-                return docs
-            for doc in docs:
-                read.append(doc["_id"])
-                for item in doc.get("items", ()):
-                    t, oid = item["event_time"], item["_id"]
-                    if (bound is None or _key(t, oid) < bound) and (not wanted or item["type"] in wanted):
-                        found.append((t, oid, _item(item, receiver_id)))
-            found.sort(key=lambda e: _key(e[0], e[1]), reverse=True)
-            if len(docs) < READ_AHEAD:  # every bucket read
-                return Inbox(found[:need], len(found) > need)
-            if len(found) >= need:
-                # Could an unread bucket hold an item above the page's last? Only one whose newest reaches it.
-                match = _buckets(receiver_id, read=read, oldest_by=oldest_by, newest_from=found[need - 1][0])
-                others = yield Count(cluster, "feed", match, deadline, limit=1)
-                if isinstance(others, Failure):
-                    return others
-                if not others:
-                    return Inbox(found[:need], True)
+        return (yield from _walk(cluster, receiver_id, position, need, types, deadline, newest_first=True))
 
     def newer(self, cluster: str, receiver_id: int | str, bound: Position | None, need: int,
               deadline: float) -> Program[list[tuple[datetime, ObjectId]] | Failure]:
@@ -397,30 +408,7 @@ class Buckets(Layout):
 
     def oldest_first(self, cluster: str, receiver_id: int | str, after: Position | None, need: int,
                      deadline: float) -> Program[Inbox | Failure]:
-        # The mirror of inbox(): buckets by oldest, and an item is served once no unread bucket can hold an older one.
-        bound = _key(after.event_time, after.id) if after is not None else None
-        since = after.event_time if after is not None else None
-        found: list[tuple[datetime, ObjectId, FeedItem]] = []
-        read: list[ObjectId] = []
-        while True:
-            docs = yield Find(cluster, "feed", _buckets(receiver_id, read=read, newest_from=since), deadline,
-                              sort=_OLDEST, limit=READ_AHEAD)
-            if isinstance(docs, Failure):
-                return docs
-            for doc in docs:
-                read.append(doc["_id"])
-                found.extend((i["event_time"], i["_id"], _item(i, receiver_id)) for i in doc.get("items", ())
-                             if bound is None or _key(i["event_time"], i["_id"]) > bound)
-            found.sort(key=lambda e: _key(e[0], e[1]))
-            if len(docs) < READ_AHEAD:
-                return Inbox(found[:need], len(found) > need)
-            if len(found) >= need:
-                match = _buckets(receiver_id, read=read, oldest_by=found[need - 1][0], newest_from=since)
-                others = yield Count(cluster, "feed", match, deadline, limit=1)
-                if isinstance(others, Failure):
-                    return others
-                if not others:
-                    return Inbox(found[:need], True)
+        return (yield from _walk(cluster, receiver_id, after, need, (), deadline, newest_first=False))
 
     def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
                   deadline: float) -> Program[FeedItem | None | Failure]:
