@@ -22,6 +22,8 @@ from typing import Any
 import attrs
 import pytest
 from bson import ObjectId
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
 from router import Activity, FeedItem, InvalidItem, RouterConfig, data_key
 from router.admin.migrate import MIGRATIONS_COLLECTION, discover, migrate_cluster
@@ -29,6 +31,7 @@ from router.admin.status import check_report
 from router.cli import main
 from router.storage.clusters import Clusters
 from harness.bench_celery import worker_yaml
+from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2
 from .erasure import USER, Clients, copies_sent, documents, layout_config, names, naming
@@ -266,6 +269,39 @@ def test_posts_stored_before_the_registry_are_found(router: Any, raw_clients: Cl
                for s in config.clusters) == len(model.keys) - 1  # every post stored, the deleted one not
     router.erase_user(USER, requested_by="tests")
     assert naming(raw_clients, config) == []
+
+
+@pytest.mark.parametrize(("door", "layout"), [("sync", "copies")])
+def test_posts_stored_before_the_registry_are_found_on_a_server_without_min_in_group(
+    make_config: Callable[..., RouterConfig], ferretdb1: LocalClusters, open_router: Callable[..., Any], layout: str,
+) -> None:
+    """FerretDB 1 implements no ``$min`` in ``$group``: migration 0006 registers the posts stored before it from one
+    ``find`` of each period's feed and outbox instead, grouped by the migration, and the erasure then finds every copy."""
+    config = layout_config(make_config, layout, uris=ferretdb1.uris)
+    router = open_router(config, clock=lambda: NOW)
+    model = populate(router)
+    erasure_migration = next(m for m in discover() if m.id == "0006_erasure").load()
+    raw: Clients = {spec.name: MongoClient(spec.uri, tz_aware=True) for spec in config.clusters}
+    try:
+        for spec in config.clusters:
+            db = raw[spec.name][config.database_for(spec)]
+            with pytest.raises(OperationFailure) as refused:  # the server this test is about: the pipeline is refused
+                list(db["feed"].aggregate(erasure_migration.pipelines(layout)[0][1]))
+            assert refused.value.code == erasure_migration.NOT_IMPLEMENTED
+            db["posts"].drop()
+            db[MIGRATIONS_COLLECTION].delete_one({"_id": "0006_erasure"})
+        with Clusters(config) as clusters:
+            reports = [migrate_cluster(clusters[name], config, discover()) for name in clusters.names]
+        assert all(r.applied == ("0006_erasure",) for r in reports)
+        registered = [doc for s in config.clusters for doc in raw[s.name][config.database_for(s)]["posts"].find({"sender_id": USER})]
+        assert sorted(d["data_key"] for d in registered) == sorted(model.keys - {data_key("erase-pushed", 2)})  # not the deleted one
+        first = {r["data_key"]: r["event_time"] for r in model.sent}  # each post registered at its own time
+        assert all(d["event_time"] == first[d["data_key"]] for d in registered)
+        router.erase_user(USER, requested_by="tests")
+        assert naming(raw, config) == []
+    finally:
+        for client in raw.values():
+            client.close()
 
 
 @pytest.mark.parametrize(("door", "layout"), [("sync", "copies")])
