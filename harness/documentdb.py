@@ -102,7 +102,7 @@ class DocumentDBTree:
 
 
 def ensure_ferretdb2() -> DocumentDBTree:
-    """Return the built tree, building it first if it is missing (3-6 minutes, once per machine and versions).
+    """Return the built tree, building it first if it is missing (1-5 minutes, once per machine and versions).
 
     Runs ``scripts/build-ferretdb2``, which installs Debian's build packages as root where
     they are missing, checks the archives in ``$FEEDROUTER_VENDOR`` against their SHA-256
