@@ -102,6 +102,7 @@ from .celery_plan import (
     check_json_data,
     inactive_job_id,
 )
+from .shutdown import sigterm_deferred
 
 if TYPE_CHECKING:
     from ..sync import FeedRouter
@@ -232,6 +233,11 @@ def make_app(
 
     def fan_out_batch(self: Any, job: dict[str, Any], number: int, first: int, receivers: list[Any],
                       skip: list[int] | None = None) -> dict[str, int]:
+        with sigterm_deferred(f"batch {number!r:.40}"):  # a prefork pool process finishes its batch (.shutdown)
+            return run_batch(self, job, number, first, receivers, skip)
+
+    def run_batch(self: Any, job: dict[str, Any], number: int, first: int, receivers: list[Any],
+                  skip: list[int] | None) -> dict[str, int]:
         clusters, settings = holder.get()
         try:
             again = bool((self.request.delivery_info or {}).get("redelivered"))
@@ -443,7 +449,8 @@ def run_worker(
         run_worker(app_from_config(load_config("clusters.yaml")), concurrency=4)
 
     SIGTERM is a warm shutdown: tasks running finish and are acknowledged; tasks the
-    worker took but did not start go back to the broker. *hostname* may use Celery's
+    worker took but did not start go back to the broker. A prefork pool process that gets
+    SIGTERM too (sent to the whole group) finishes its batch first (:mod:`.shutdown`). *hostname* may use Celery's
     ``%h``/``%n``/``%d``. Logging stays as the caller set it up (no banner, no handler of
     Celery's). No gossip or mingle: batches need no coordination between workers. Each
     worker process makes its cluster clients at its first batch and closes them when it exits.
