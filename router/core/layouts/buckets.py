@@ -365,7 +365,8 @@ class Buckets(Layout):
         # Counted in buckets changed, which is copies changed: a bucket holds at most one copy of a key.
         if data is None:
             return (yield from in_steps(cluster, "feed", {"items.data_key": data_key}, steps,
-                                        update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what))
+                                        update={"$pull": {"items": {"data_key": data_key}}, **_SEAL}, what=what,
+                                        at_once=True))
         # Matched on the data's digest, not the data, which would make the statement carry it twice.
         done = 0
         mark = digest(data)
