@@ -389,9 +389,11 @@ def publish_fan_out(
     batch as sent before sending it (workers admit no other,
     :func:`~router.core.checkpoint.announce_batch`), and records ``published`` with the
     number of batches at the end. Publishing the same job again
-    (same receivers, same order, same batch size) sends only the batches not recorded
-    done; batches still queued from the first time are then sent twice, which is harmless
-    (the second writes nothing) but wasted work. Receivers outside *active* get no copy, unless *include_inactive*: then their
+    (same receivers, same order, same batch size) sends exactly the batches not recorded
+    done when it reaches them: a batch a worker finishes while the job is published again
+    (a task still queued from the first time) is not sent again. One still queued and not
+    taken yet is missing as far as the checkpoint can tell, and is sent again: harmless (the
+    second writes nothing), but wasted work. Receivers outside *active* get no copy, unless *include_inactive*: then their
     copies go to a second job on the low-priority queue (see
     :mod:`router.fanout.celery_plan`). The author's outbox entry is
     :meth:`FeedRouter.publish`'s business, not this function's.
@@ -422,8 +424,8 @@ def publish_fan_out(
                     return next(planned, None)
                 if isinstance(step, Send):
                     number, first, parts = step.batch
-                    router.clusters.run(run.announce(number, parts))  # recorded as sent before it is
-                    for part in parts:
+                    # Recorded as sent before it is; a part a worker finished meanwhile is not sent again.
+                    for part in router.clusters.run(run.announce(number, parts)):
                         _send(app, payloads[1] if part.inactive else payloads[0], number, first, part, producer)
                         run.sent += 1
                 return None

@@ -601,3 +601,37 @@ def test_a_worker_stopped_while_its_batch_waits_on_a_paused_cluster_records_the_
     assert (code, status.state, status.batches_done, status.written) == (0, "done", 1, 1000), worker.log_text()[-3000:]
     assert broker_idle(broker_url), "the batch was not acknowledged"
     assert_one_copy_each(raw_clients, db_name, range(1000))
+
+
+def test_publishing_again_sends_exactly_the_batches_missing_when_it_reaches_them(
+    publisher: tuple[RouterConfig, FeedRouter], workers: Callable[..., list[WorkerProcess]], broker_url: str,
+    raw_clients: Clients, db_name: str,
+) -> None:
+    """A 5-batch job whose batches 0 and 1 are still queued and whose batches 2-4 were lost, published again while a
+    worker takes the queued two: the publisher read the checkpoint before they were done, yet sends only what is
+    still missing when it reaches each batch (2, 3 and 4), and no batch is written twice. (It used to send all 5, the
+    checkpoint as it stood when publishing began.)"""
+    config, router = publisher
+    app = make_app(broker_url)
+    published = publish_fan_out(router, app, activity(17), range(5000))  # queued: no worker yet
+    for number in (2, 3, 4):
+        drop_queued_batch(broker_url, number)
+    status = router.fan_out_status(published.job_id)
+    assert (status.batches_missing, status.missing_batches) == (5, (0, 1, 2, 3, 4))
+    started: list[WorkerProcess] = []
+
+    def receivers() -> Iterator[int]:
+        """The job's receivers, once a worker wrote the two batches still queued (the publisher has begun by then)."""
+        started.extend(workers(config, broker_url, count=1))
+        wait_for("batches 0 and 1 done", lambda: router.fan_out_status(published.job_id).batches_done == 2, timeout=60)
+        yield from range(5000)
+
+    again = publish_fan_out(router, app, activity(17), receivers())
+    assert (again.tasks_sent, again.batches_resumed) == (3, 2)
+    wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done", timeout=60)
+    wait_for("the broker idle", lambda: broker_idle(broker_url), timeout=60)
+    assert_one_copy_each(raw_clients, db_name, range(5000))
+    (worker,) = started
+    assert sorted(int(line.split(": batch ")[1].split(":")[0].split()[0]) for line in batch_lines(worker)) == [0, 1, 2, 3, 4]
+    status = router.fan_out_status(published.job_id)
+    assert (status.batches_done, status.written, status.already_present) == (5, 5000, 0)
