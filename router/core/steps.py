@@ -39,6 +39,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "Find",
+    "HOLDING_STAGES",
     "Insert",
     "InsertOutcome",
     "Program",
@@ -121,14 +122,32 @@ class Count:
     limit: int = 0
 
 
+#: The stages that make FerretDB 2 hold an aggregate's whole answer from its first batch (DocumentDB's persistent
+#: cursor, a PostgreSQL cursor ``WITH HOLD``: one snapshot), so that ``getMore`` goes on through that answer exactly.
+#: A pipeline of streamable stages alone (``$match``, ``$project``, ``$set`` ...) is continued from the heap position
+#: of its last row instead, which repeats rows updated meanwhile and skips those written into space VACUUM freed
+#: before it (``docs/ferretdb2-cursor-bug.md``).
+HOLDING_STAGES = frozenset({"$group", "$sort", "$unwind", "$count", "$sortByCount", "$bucket", "$bucketAuto", "$facet",
+                            "$lookup"})
+
+
+def _held(_instance: Any, _attribute: Any, pipeline: Sequence[Mapping[str, Any]]) -> None:
+    if not any(HOLDING_STAGES.intersection(stage) for stage in pipeline):
+        raise ValueError(f"pipeline: an aggregate the router sends must hold one of {sorted(HOLDING_STAGES)}, so that "
+                         f"FerretDB 2 continues it exactly (got stages {[next(iter(s), '?') for s in pipeline]})")
+
+
 @attrs.frozen(slots=True)
 class Aggregate:
     """``aggregate`` on one cluster (a counting or grouping pipeline: what it returns is small, whatever it reads on
-    the server); answered with the list of result documents, or a :class:`Failure`."""
+    the server); answered with the list of result documents, or a :class:`Failure`.
+
+    Its answer may pass one batch (10,000 rows, or 16 MiB), and is then read on by ``getMore``: the pipeline must hold
+    a stage of :data:`HOLDING_STAGES` (refused with ``ValueError`` otherwise), which makes that exact."""
 
     cluster: str
     collection: Collection
-    pipeline: Sequence[Mapping[str, Any]]
+    pipeline: Sequence[Mapping[str, Any]] = attrs.field(validator=_held)
     deadline: float
 
 
