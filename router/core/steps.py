@@ -100,7 +100,11 @@ class Failure:
 
 @attrs.frozen(slots=True)
 class Find:
-    """``find`` on one cluster; answered with the list of documents, or a :class:`Failure`."""
+    """``find`` on one cluster; answered with the list of documents, or a :class:`Failure`.
+
+    *moving*: a matching document's *sort* fields may change while it is read (a bucket's ``newest``): an answer the
+    server cuts short (16 MiB) is then read on by the documents not received yet, never after the last one received
+    (:mod:`router.storage.finds`), and comes in no single order."""
 
     cluster: str
     collection: Collection
@@ -109,6 +113,7 @@ class Find:
     sort: Sequence[tuple[str, int]] | None = None
     limit: int = 0
     projection: Mapping[str, Any] | None = None
+    moving: bool = False
 
 
 @attrs.frozen(slots=True)

@@ -54,7 +54,7 @@ def call_for(request: IORequest, coll: Any) -> Call:
     if isinstance(request, Find):  # read in whole first batches, never by getMore (see router.storage.finds)
         read = read_async if isinstance(coll, AsyncCollection) else read_sync
         return (lambda: read(coll, request.filter, sort=request.sort, limit=request.limit,
-                             projection=request.projection)), _SENT_AS_IS
+                             projection=request.projection, moving=request.moving)), _SENT_AS_IS
     if isinstance(request, Count):
         limit = {"limit": request.limit} if request.limit else {}
         return (lambda: coll.count_documents(request.filter, **limit)), int
