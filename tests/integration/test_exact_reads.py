@@ -275,4 +275,7 @@ def test_a_pulled_senders_copies_are_counted_whole_while_edited(
     router = open_router(config, clock=lambda: NOW, event_listeners=[editor])
     groups = router.read_groups(r, pull=[celeb]).groups
     assert [(g.values, g.count, g.actor_count) for g in groups] == [(("post", 1), n, 1)]
-    assert editor.edited > 0 and (vacuumed or servers.backend != "ferretdb2")
+    if servers.backend == "javaserver":  # it answers an aggregate in one batch: nothing read after an edit
+        assert editor.edited == 0
+    else:
+        assert editor.edited > 0 and (vacuumed or servers.backend != "ferretdb2")
