@@ -8,7 +8,8 @@ full, and only for the items still missing.
 **Pulled senders** (``pull=[...]``, authors whose posts are not copied into every
 follower's feed) are merged in from the same clusters' ``outbox``: each cluster is
 asked once for the inbox and once for the pulled outboxes (``sender_id: {$in: ...}``),
-concurrently. An outbox entry sorts where the receiver's copy of it would: under the
+concurrently (in a wave too: an answer with more than the page still needs is cut, see
+:meth:`_Fetched.first`). An outbox entry sorts where the receiver's copy of it would: under the
 key :func:`~router.ids.copy_id` gives that copy. So a post present both as a copy (an
 author who was pushed before crossing the pull threshold, or a backfill) and in a
 pulled outbox has the same key twice and is served once. The store sorts outbox entries
@@ -86,11 +87,23 @@ class _Entry:
 @attrs.frozen
 class _Fetched:
     """What one cluster gave towards the page: entries in page order, the position after the last of them,
-    and whether the cluster may hold more past it."""
+    whether the cluster may hold more past it, and the sort keys of every pulled outbox entry its outbox answers
+    held (what a position's ``skip`` counts)."""
 
     entries: list[_Entry]
     last: Position | None
     more: bool
+    pulled: tuple[tuple[datetime, bytes], ...] = ()
+
+    def first(self, need: int, *, more: bool = True) -> _Fetched:
+        """The first *need* entries (at least one), the position after them, and *more*: what asking for *need*
+        would have given, of an answer that holds more. Every entry here is one whose millisecond the answer holds
+        whole (pulled entries included), so the position's ``skip``, the pulled entries of the last one's
+        millisecond that sort at or before it, counts the same as in that answer."""
+        entries = self.entries[:need]
+        last = entries[-1]
+        skip = sum(1 for t, key in self.pulled if t == last.event_time and key >= last.key.binary)
+        return _Fetched(entries, Position(last.event_time, last.key, skip), more, self.pulled)
 
 
 def _layout(plan: ReadPlan, cluster: str) -> Layout:
@@ -178,13 +191,9 @@ def _with_pull(
         if isinstance(lower, Failure):
             return lower
         docs, outbox_full, whole_group = docs + lower, len(lower) == need + 1, False
-    taken = safe[:need]
     more_here = len(safe) > need or inbox_full or outbox_full
-    if not taken:
-        return _Fetched([], None, more_here)
-    last = taken[-1]
-    boundary = sum(1 for e in pulled_entries if e.event_time == last.event_time and e.key.binary >= last.key.binary)
-    return _Fetched(taken, Position(last.event_time, last.key, boundary), more_here)
+    fetched = _Fetched(safe, None, more_here, tuple((e.event_time, e.key.binary) for e in pulled_entries))
+    return fetched.first(need, more=more_here) if safe else fetched
 
 
 def _merge(inbox: list[_Entry], pulled: list[_Entry], position: Position | None) -> list[_Entry]:
@@ -206,12 +215,6 @@ def _fetch(plan: ReadPlan, cluster: str, position: Position | None, need: int, d
     if plan.pull:
         return (yield from _with_pull(plan, cluster, position, need, deadline))
     return (yield from _inbox_only(plan, cluster, position, need, deadline))
-
-
-def _first(fetched: _Fetched, need: int) -> _Fetched:
-    """The first *need* of an inbox-only answer that holds more: what asking for *need* would have given."""
-    entries = fetched.entries[:need]
-    return _Fetched(entries, Position(entries[-1].event_time, entries[-1].key), True)
 
 
 def _below(start: datetime) -> Position:
@@ -308,8 +311,9 @@ class _Walk:
         While the page is not full the next clusters are asked in a wave, at
         once, each for all the entries still missing (:func:`_next_wave` says how many); their answers are then
         taken in period order, as one after another would have been, and those after the page filled are dropped.
-        An answer with more than the page still needs is cut (or, with pulled senders, asked again for what it
-        needs), so the page and its cursor are exactly those of the walk one cluster at a time.
+        An answer with more than the page still needs is cut (:meth:`_Fetched.first`; with pulled senders too,
+        not asked again), so the page and its cursor are exactly those of the walk one cluster at a time, and each
+        cluster is asked once.
         """
         last: Position | None = None
         wave, asked, got, i = 1, 0, 0, 0
@@ -335,13 +339,7 @@ class _Walk:
                     self.failed(cluster, answer, main)
                     continue
                 if len(answer.entries) > self.missing:
-                    if self.plan.pull:
-                        answer = yield from self.ask(cluster, main, self.missing, deadline)
-                        if isinstance(answer, Failure):
-                            self.failed(cluster, answer, main)
-                            continue
-                    else:
-                        answer = _first(answer, self.missing)
+                    answer = answer.first(self.missing)
                 self.take(cluster, answer)
                 last = answer.last or last
                 if answer.more:

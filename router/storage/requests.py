@@ -54,15 +54,14 @@ def call_for(request: IORequest, coll: Any) -> Call:
     if isinstance(request, Find):  # read in whole first batches, never by getMore (see router.storage.finds)
         read = read_async if isinstance(coll, AsyncCollection) else read_sync
         return (lambda: read(coll, request.filter, sort=request.sort, limit=request.limit,
-                             projection=request.projection)), _SENT_AS_IS
+                             projection=request.projection, moving=request.moving)), _SENT_AS_IS
     if isinstance(request, Count):
         limit = {"limit": request.limit} if request.limit else {}
         return (lambda: coll.count_documents(request.filter, **limit)), int
     if isinstance(request, Aggregate):
-        # Whole in the first batch, as a find (router.storage.finds): FerretDB 2's getMore repeats and skips rows of a
-        # streamed pipeline once documents were updated. A result past WHOLE rows (or 16 MiB) is still continued by
-        # getMore: a group's actors where it spans periods (grouped rows, which came back exact there when measured),
-        # or more than WHOLE pulled copies in one window.
+        # Whole in the first batch where it fits (WHOLE rows, 16 MiB). A larger answer is read on by getMore, which is
+        # exact because every pipeline the core sends holds a stage that makes FerretDB 2 keep the whole answer from
+        # the first batch (Aggregate: HOLDING_STAGES); its getMore would repeat and skip rows of a streamed pipeline.
         pipeline = list(request.pipeline)
         if inspect.iscoroutinefunction(coll.aggregate):  # the async collection: aggregate is awaited for its cursor
 

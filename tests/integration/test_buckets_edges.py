@@ -8,15 +8,17 @@ and ``cluster_3`` [P2, open) in buckets, a database each on one server.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
+import attrs
 import bson
 import pytest
 from bson import ObjectId
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 
 from router import Activity, FeedItem, FeedRouter, RouterConfig, data_key
 from router.admin.periods import stored_outside
@@ -121,6 +123,61 @@ def test_page_is_exact_when_a_writer_moves_a_bucket_between_its_finds(
         assert hook.left == 0
         assert {x.data_key for x in old if x.type == "mention"} <= {x.data_key for x in mentions}
         assert all(x.type == "mention" for x in mentions)
+
+
+class AfterCutFind(monitoring.CommandListener):
+    """Runs *act* once, right after the first ``find`` of ``feed`` that the server answered with a batch stopped
+    short (its cursor left open: the 16 MiB cut) and before the router reads the rest: another writer between the
+    two finds of one bucket read, at the moment that matters."""
+
+    def __init__(self, act: Callable[[], None]) -> None:
+        self.act, self.done, self._finds = act, False, set[int]()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "find" and event.command.get("find") == "feed":
+            self._finds.add(event.request_id)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.request_id in self._finds and event.reply.get("cursor", {}).get("id") and not self.done:
+            self.done = True
+            self.act()
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+#: A copy of 15 MiB: alone in its bucket, and with any other bucket of 1.5 MiB past the 16 MiB a batch holds.
+HUGE = 15 * 1024 * 1024
+
+
+@pytest.mark.parametrize("walk", ["page", "export"])
+def test_a_bucket_moved_between_the_finds_of_a_cut_batch_is_still_read(
+    walk: str, config: RouterConfig, server: tuple[str, bool], open_router: Callable[..., Any], tmp_path: Any
+) -> None:
+    """Two buckets of one receiver, a 15 MiB copy in one and a 1.5 MiB copy in the other: the find of both is cut
+    after the first, and an append between the two finds moves the unread bucket ahead of the first one's place in
+    the walk's order (a page: a newer item; an export, oldest first: an older one). Both items stored before the
+    read are served (a page walk on both doors; the export's ``received`` file)."""
+    config = attrs.evolve(config, timeout=timedelta(seconds=60))
+    day = P2 + timedelta(days=3)
+    huge, small = (day.replace(hour=10), day.replace(hour=9)) if walk == "page" else (day.replace(hour=8), day.replace(hour=9))
+    late = day.replace(hour=11) if walk == "page" else day.replace(hour=7)
+    with FeedRouter(config, clock=lambda: NOW) as writer:
+        writer.write(item(7, huge, 1, data={"blob": "h" * HUGE}))
+        writer.write(item(7, small, 2, data={"blob": "s" * (HUGE // 10)}))
+        hook = AfterCutFind(lambda: writer.write(item(7, late, 3)))
+        reader = open_router(config, clock=lambda: NOW, event_listeners=[hook])
+        if walk == "page":
+            got = [x.event_time for x in page_all(reader, 7, 10)]
+        else:
+            out = tmp_path / "export"
+            out.mkdir()
+            reader.export_user(7, out)
+            got = [datetime.fromisoformat(json.loads(line)["event_time"])
+                   for line in (out / "received.jsonl").read_text().splitlines()]
+    assert hook.done or server[1]  # mongo-java-server never cuts a batch
+    assert {huge, small} <= set(got) and len(got) == len(set(got))
+    assert got == sorted(got, reverse=walk == "page")
 
 
 def test_delete_and_update_count_copies(config: RouterConfig, raw: MongoClient[dict[str, Any]],

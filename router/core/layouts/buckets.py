@@ -50,9 +50,12 @@ reaches the page's last item proves it (no documents returned); if some can, mor
 An append during the page raises its bucket's ``newest``, so the unread buckets are named
 by what they are not (``_id`` not among the buckets read), never by a position in the
 ``newest`` order: a bucket that moves ahead between two finds is still unread, read by the
-next find or counted by the proof (``newest`` only grows, ``oldest`` only shrinks). Each
-find is taken to answer from one snapshot (MongoDB, FerretDB 2 and mongo-java-server do
-for a find this small). In the usual case a page of 50 reads two buckets.
+next find or counted by the proof (``newest`` only grows, ``oldest`` only shrinks). That
+holds inside one find too: two buckets past 16 MiB (a copy of 15 MiB) come back in two
+finds, and the second asks for the buckets not yet received (the find's ``moving``), not
+for those after the first in the ``newest`` order, which an append between the two can
+leave behind. Each find is taken to answer from one snapshot (MongoDB, FerretDB 2 and
+mongo-java-server do for a find this small). In the usual case a page of 50 reads two buckets.
 
 **Indexes** (:meth:`Buckets.indexes`): the page's ``{receiver_id, newest, _id}``; the unique
 ``copy_id``, partial on ``items._id`` existing (an emptied bucket has none, and a unique
@@ -215,7 +218,7 @@ def _walk(cluster: str, receiver_id: int | str, after: Position | None, need: in
     read: list[ObjectId] = []
     while True:
         docs = yield Find(cluster, "feed", _buckets(receiver_id, read=read, **{within: edge}), deadline,
-                          sort=_ORDER if newest_first else _OLDEST, limit=READ_AHEAD)
+                          sort=_ORDER if newest_first else _OLDEST, limit=READ_AHEAD, moving=True)
         if isinstance(docs, Failure):
             return docs
         for doc in docs:
@@ -330,7 +333,7 @@ class Buckets(Layout):
         while len(keys) < need:
             match = _buckets(receiver_id, read=read, newest_from=bound.event_time if bound is not None else None)
             docs = yield Find(cluster, "feed", match, deadline, sort=_ORDER, limit=READ_AHEAD * 2,
-                              projection={"newest": 1, "items._id": 1, "items.event_time": 1})
+                              projection={"newest": 1, "items._id": 1, "items.event_time": 1}, moving=True)
             if isinstance(docs, Failure):
                 return docs
             for doc in docs:
