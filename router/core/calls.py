@@ -21,7 +21,7 @@ from bson import ObjectId
 from ..config import RouterConfig
 from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
-from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
+from ..model import TEXT_RULE, Activity, FeedItem, Page, identity, is_text
 from .checkpoint import JobStatus, fenced_status, find_job
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
@@ -84,9 +84,7 @@ def write_many(view: View, items: Iterable[FeedItem], *, indexed: bool = True) -
 
 
 def _receiver(value: object, field: str = "receiver_id") -> int | str:
-    if not is_id(value):
-        raise InvalidItem(field, f"{ID_RULE} (got {value!r:.80})")
-    return value
+    return identity(value, field)
 
 
 def _data_key(value: object) -> str:

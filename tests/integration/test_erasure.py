@@ -34,13 +34,13 @@ from harness.bench_celery import worker_yaml
 from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2
-from .erasure import USER, Clients, copies_sent, documents, layout_config, names, naming
+from .erasure import USER, USERS, Clients, copies_sent, documents, layout_config, names, naming
+from .erasure import config, layout, router  # noqa: F401 - fixtures
 
 #: Others: a sender who pushes to the user, one who writes to them directly, and an author they backfill from.
 PUSHER, WRITER, AUTHOR = 5, 6, "author-7"
 #: A receiver who backfills the user's posts.
 READER = 400
-LAYOUTS = ["copies", "buckets"]
 
 
 @attrs.define
@@ -58,42 +58,42 @@ def at(start: datetime, i: int, hours: int) -> datetime:
     return start + timedelta(days=10, hours=hours, minutes=i, milliseconds=7 + i)
 
 
-def populate(router: Any) -> Model:
-    """Three periods of the user's life; returns the model of their export."""
+def populate(router: Any, user: int | str = USER) -> Model:
+    """Three periods of *user*'s life; returns the model of their export."""
     model = Model()
     periods = ((P0, "cluster_1"), (P1, "cluster_2"), (P2, "cluster_3"))
     pushed: list[Activity] = []
     for i, (start, period) in enumerate(periods):
-        post = Activity(sender_id=USER, event_time=at(start, i, 0), type=1, data={"post": i, "how": "pushed"},
+        post = Activity(sender_id=user, event_time=at(start, i, 0), type=1, data={"post": i, "how": "pushed"},
                         data_key=data_key("erase-pushed", i))
         router.publish(post, range(1, 201), pull=False, batch_size=50)
         pushed.append(post)
-        pulled = Activity(sender_id=USER, event_time=at(start, i, 1), type=2, data={"post": i, "how": "pulled"},
+        pulled = Activity(sender_id=user, event_time=at(start, i, 1), type=2, data={"post": i, "how": "pulled"},
                           data_key=data_key("erase-pulled", i))
         router.publish(pulled, [], pull=True)
-        direct = [FeedItem(receiver_id=300 + j, sender_id=USER, event_time=at(start, i, 2), type=3,
+        direct = [FeedItem(receiver_id=300 + j, sender_id=user, event_time=at(start, i, 2), type=3,
                            data={"post": i, "how": "direct"}, data_key=data_key("erase-direct", i)) for j in range(5)]
         router.write_many(direct)
         for a in (post, pulled, direct[0]):
-            model.sent.append({"sender_id": USER, "event_time": a.event_time, "type": a.type, "data": a.data,
+            model.sent.append({"sender_id": user, "event_time": a.event_time, "type": a.type, "data": a.data,
                                "data_key": a.data_key, "period": period})
         other = Activity(sender_id=PUSHER, event_time=at(start, i, 3), type=1, data={"from": "pusher", "n": i},
                          data_key=data_key("erase-other", i))
-        router.publish(other, [USER, 2, 3], pull=False)
-        letter = FeedItem(receiver_id=USER, sender_id=WRITER, event_time=at(start, i, 4), type=4, data={"letter": i},
+        router.publish(other, [user, 2, 3], pull=False)
+        letter = FeedItem(receiver_id=user, sender_id=WRITER, event_time=at(start, i, 4), type=4, data={"letter": i},
                           data_key=data_key("erase-letter", i))
         router.write_many([letter, attrs.evolve(letter, receiver_id=2)])
         followed = Activity(sender_id=AUTHOR, event_time=at(start, i, 5), type=5, data={"from": "author", "n": i},
                             data_key=data_key("erase-author", i))
         router.publish(followed, [], pull=True)
         for a in (other, letter, followed):
-            model.received.append({"receiver_id": USER, "sender_id": a.sender_id, "event_time": a.event_time,
+            model.received.append({"receiver_id": user, "sender_id": a.sender_id, "event_time": a.event_time,
                                    "type": a.type, "data": a.data, "data_key": a.data_key, "period": period})
-    router.backfill(USER, [AUTHOR])  # the author's three posts into the user's feed
+    router.backfill(user, [AUTHOR])  # the author's three posts into the user's feed
     edited = {"post": 1, "how": "pushed", "edited": True}
     router.update(pushed[1].data_key, edited)  # an edit record holding the post's data
     router.delete(pushed[2].data_key)  # a tombstone; the post's copies and outbox entry go
-    router.backfill(READER, [USER])  # the user's posts left in an outbox, into another's feed
+    router.backfill(READER, [user])  # the user's posts left in an outbox, into another's feed
     pusher_edit = {"from": "pusher", "n": 0, "edited": True}
     router.update(data_key("erase-other", 0), pusher_edit)  # a copy they received, updated (it gains a data_digest)
     for record in model.received:
@@ -103,10 +103,10 @@ def populate(router: Any) -> Model:
         if record["data_key"] == pushed[1].data_key:
             record["data"] = edited
     model.sent = [r for r in model.sent if r["data_key"] != pushed[2].data_key]
-    page = router.read(USER, limit=2)
-    router.mark_seen(USER, page.items[1])
+    page = router.read(user, limit=2)
+    router.mark_seen(user, page.items[1])
     model.seen.append({"event_time": page.items[1].event_time, "item": str(page.items[1].id), "period": "cluster_3"})
-    router.mark_read(USER, "all")  # a read mark of notification groups, through now, in now's period
+    router.mark_read(user, "all")  # a read mark of notification groups, through now, in now's period
     model.read.append({"group": "*", "read_time": NOW.isoformat(), "item": "f" * 24, "period": "cluster_3"})
     model.keys = {r["data_key"] for r in model.sent} | {pushed[2].data_key}
     for stream in (model.sent, model.received):
@@ -114,29 +114,13 @@ def populate(router: Any) -> Model:
     return model
 
 
-@pytest.fixture(params=LAYOUTS)
-def layout(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def config(make_config: Callable[..., RouterConfig], layout: str) -> RouterConfig:
-    return layout_config(make_config, layout)
-
-
-@pytest.fixture
-def router(config: RouterConfig, open_router: Callable[..., Any]) -> Any:
-    """A router on the test's periods (of the test's layout) through the test's door."""
-    return open_router(config, clock=lambda: NOW)
-
-
-def of_the_user(cluster: str, collection: str, doc: dict[str, Any], keys: set[str]) -> bool:
+def of_the_user(cluster: str, collection: str, doc: dict[str, Any], keys: set[str], user: int | str) -> bool:
     """Whether *doc* is the user's (names them) or one of their posts' (its data_key, or its job's)."""
     job = str(doc.get("job", doc.get("_id") if collection == "fanouts" else ""))
-    return names(doc, USER) or doc.get("data_key") in keys or job.split(":")[0] in keys
+    return names(doc, user) or doc.get("data_key") in keys or job.split(":")[0] in keys
 
 
-def others(clients: Clients, config: RouterConfig, keys: set[str]) -> set[tuple[str, str, Any]]:
+def others(clients: Clients, config: RouterConfig, keys: set[str], user: int | str) -> set[tuple[str, str, Any]]:
     """Everyone else's stored data, copy by copy (a bucket's items one by one): what an erasure must not touch."""
     out: set[tuple[str, str, Any]] = set()
     for cluster, collection, doc in documents(clients, config):
@@ -144,24 +128,24 @@ def others(clients: Clients, config: RouterConfig, keys: set[str]) -> set[tuple[
             continue
         if collection == "feed" and "items" in doc:  # a bucket: its copies
             out |= {(cluster, "feed", (doc["receiver_id"], i["_id"])) for i in doc["items"]
-                    if doc["receiver_id"] != USER and not of_the_user(cluster, "feed", i, keys)}
-        elif not of_the_user(cluster, collection, doc, keys):
+                    if doc["receiver_id"] != user and not of_the_user(cluster, "feed", i, keys, user)}
+        elif not of_the_user(cluster, collection, doc, keys, user):
             out.add((cluster, collection, doc["_id"]))
     return out
 
 
-def stored_counts(clients: Clients, config: RouterConfig, keys: set[str]) -> dict[str, int]:
+def stored_counts(clients: Clients, config: RouterConfig, keys: set[str], user: int | str) -> dict[str, int]:
     """What the erasure should count, read with pymongo before it runs."""
     counts = dict.fromkeys(("feed_received", "outbox", "posts", "seen", "fanouts", "fanout_batches", "edits"), 0)
-    counts["feed_sent"] = copies_sent(clients, config)
+    counts["feed_sent"] = copies_sent(clients, config, user)
     jobs: set[Any] = set()
     for _cluster, collection, doc in documents(clients, config):
         if collection == "feed":
-            counts["feed_received"] += len(doc["items"]) if doc.get("receiver_id") == USER and "items" in doc else (
-                doc.get("receiver_id") == USER)
-        elif collection in ("outbox", "posts") and doc.get("sender_id") == USER:
+            counts["feed_received"] += len(doc["items"]) if doc.get("receiver_id") == user and "items" in doc else (
+                doc.get("receiver_id") == user)
+        elif collection in ("outbox", "posts") and doc.get("sender_id") == user:
             counts[collection] += 1
-        elif collection == "seen" and doc.get("receiver_id") == USER:
+        elif collection == "seen" and doc.get("receiver_id") == user:
             counts["seen"] += 1
         elif collection in ("fanouts", "edits") and doc.get("data_key") in keys:
             counts[collection] += 1
@@ -171,44 +155,47 @@ def stored_counts(clients: Clients, config: RouterConfig, keys: set[str]) -> dic
     return counts
 
 
+@USERS
 def test_erase_user_leaves_nothing_that_names_them_and_everything_else(
-    router: Any, raw_clients: Clients, config: RouterConfig, caplog: pytest.LogCaptureFixture,
+    router: Any, raw_clients: Clients, config: RouterConfig, caplog: pytest.LogCaptureFixture, user: int,
 ) -> None:
     """After erase_user returns, no document of any collection of any period names the user; every copy, entry and
     record of everyone else is still there; the counts are what was stored, and nothing returned or logged names
     the user. Calling it again finds nothing more and leaves a second record."""
-    model = populate(router)
-    expected = stored_counts(raw_clients, config, model.keys)
+    model = populate(router, user)
+    expected = stored_counts(raw_clients, config, model.keys, user)
     assert expected["feed_sent"] > 400 and expected["feed_received"] == 9 and expected["fanout_batches"] >= 8
-    kept = others(raw_clients, config, model.keys)
+    kept = others(raw_clients, config, model.keys, user)
     with caplog.at_level(logging.INFO, logger="router"):
-        result = router.erase_user(USER, requested_by="support ticket 4411")
+        result = router.erase_user(user, requested_by="support ticket 4411")
     assert naming(raw_clients, config) == []
-    assert others(raw_clients, config, model.keys) == kept
-    assert [(c, coll) for c, coll, d in documents(raw_clients, config) if of_the_user(c, coll, d, model.keys)] == []
+    assert naming(raw_clients, config, user) == []
+    assert others(raw_clients, config, model.keys, user) == kept
+    assert [(c, coll) for c, coll, d in documents(raw_clients, config) if of_the_user(c, coll, d, model.keys, user)] == []
     assert {k: v for k, v in result.totals.items() if k in expected} == expected
-    assert str(USER) not in json.dumps(result.to_json()) and str(USER) not in caplog.text
+    assert str(user) not in json.dumps(result.to_json()) and str(user) not in caplog.text
     assert [c.cluster for c in result.clusters] == ["cluster_1", "cluster_2", "cluster_3"]
-    status = router.erasure_status(USER)
+    status = router.erasure_status(user)
     assert status.finished and {r.state for r in status.records} == {"done"}
     assert {r.request_id for r in status.records} == {result.request_id}
     assert all(r.requested_by == "support ticket 4411" and r.finished_at is not None for r in status.records)
     assert sum(r.counts["feed_sent"] for r in status.records) == expected["feed_sent"]
     records = [d for _c, coll, d in documents(raw_clients, config) if coll == "erasures"]
-    assert len(records) == 3 and not any(USER in (v if isinstance(v, list) else [v]) for d in records for v in d.values())
-    again = router.erase_user(USER, requested_by="support ticket 4411, checked")
-    assert again.removed == 0 and len(router.erasure_status(USER).records) == 6
+    assert len(records) == 3 and not any(user in (v if isinstance(v, list) else [v]) for d in records for v in d.values())
+    again = router.erase_user(user, requested_by="support ticket 4411, checked")
+    assert again.removed == 0 and len(router.erasure_status(user).records) == 6
     assert router.erasure_status(PUSHER).records == ()  # another user has no record
 
 
-def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path) -> None:
+@USERS
+def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path, user: int) -> None:
     """The export holds the user's posts as sent (the updated one with its new data, the deleted one not at all),
     the items they received (an updated one with its new data), their seen marker and their read mark of
     notification groups, and nothing the router keeps
     for itself (an updated copy's data_digest), each stream in time order across the three periods; the
     manifest names the periods and gives each file's records and SHA-256."""
-    model = populate(router)
-    result = router.export_user(USER, tmp_path)
+    model = populate(router, user)
+    result = router.export_user(user, tmp_path)
     assert result.counts == {"sent": 8, "received": 9, "seen": 1, "read": 1}
     lines = {stream: [json.loads(line) for line in (tmp_path / f"{stream}.jsonl").read_text().splitlines()]
              for stream in ("sent", "received", "seen", "read")}
@@ -219,7 +206,7 @@ def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path
     assert lines["seen"] == [{**model.seen[0], "event_time": model.seen[0]["event_time"].isoformat()}]
     assert lines["read"] == model.read
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["user_id"] == USER and [p["name"] for p in manifest["periods"]] == ["cluster_1", "cluster_2", "cluster_3"]
+    assert manifest["user_id"] == user and [p["name"] for p in manifest["periods"]] == ["cluster_1", "cluster_2", "cluster_3"]
     for stream in ("sent", "received", "seen", "read"):
         data = (tmp_path / f"{stream}.jsonl").read_bytes()
         assert manifest["files"][f"{stream}.jsonl"] == {"records": len(lines[stream]), "bytes": len(data),
@@ -252,12 +239,14 @@ def test_bad_input_gets_a_clear_router_error(router: Any, tmp_path: Path) -> Non
     assert router.erasure_status(USER).records == ()  # nothing was erased by the refused calls
 
 
+@USERS
 @pytest.mark.parametrize("door", ["sync"])
 def test_posts_stored_before_the_registry_are_found(router: Any, raw_clients: Clients, config: RouterConfig,
-                                                    layout: str) -> None:
+                                                    layout: str, user: int, tmp_path: Path) -> None:
     """Data written before migration 0006 (no registry): the migration registers it by one scan of each period's
-    feed and outbox, and the erasure then finds every copy."""
-    model = populate(router)
+    feed and outbox (a sender stored as a 64-bit int is read back as Int64: the same user, so a post stored again
+    after the migration is still one post of theirs), and the erasure then finds every copy."""
+    model = populate(router, user)
     for spec in config.clusters:
         db = raw_clients[spec.name][config.database_for(spec)]
         db["posts"].drop()
@@ -265,10 +254,14 @@ def test_posts_stored_before_the_registry_are_found(router: Any, raw_clients: Cl
     with Clusters(config) as clusters:
         reports = [migrate_cluster(clusters[name], config, discover()) for name in clusters.names]
     assert all(r.applied == ("0006_erasure",) for r in reports)
-    assert sum(raw_clients[s.name][config.database_for(s)]["posts"].count_documents({"sender_id": USER})
+    assert sum(raw_clients[s.name][config.database_for(s)]["posts"].count_documents({"sender_id": user})
                for s in config.clusters) == len(model.keys) - 1  # every post stored, the deleted one not
-    router.erase_user(USER, requested_by="tests")
-    assert naming(raw_clients, config) == []
+    again = FeedItem(receiver_id=399, sender_id=user, event_time=at(P2, 2, 2), type=3, data={"post": 2, "how": "direct"},
+                     data_key=data_key("erase-direct", 2))
+    router.write_many([again])  # one of their posts stored again, after the migration
+    assert router.export_user(user, tmp_path).counts["sent"] == len(model.sent)  # still one post each
+    router.erase_user(user, requested_by="tests")
+    assert naming(raw_clients, config, user) == []
 
 
 @pytest.mark.parametrize(("door", "layout"), [("sync", "copies")])

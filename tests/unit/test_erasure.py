@@ -14,14 +14,18 @@ from typing import Any
 import attrs
 import pytest
 from bson import Decimal128, ObjectId
+from bson.int64 import Int64
 
 from router import Activity, ConfigError, FeedItem, InvalidItem, parse_config
 from router.core.erasure import ErasureRecord, ErasureStatus
 from router.core.export import ExportSummary
 from router.core.layouts import posts
+from router.core.layouts.buckets import first_bucket
 from router.core.pseudonyms import DEFAULT_KEY, Pseudonyms
 from router.core.settings import Settings
 from router.exports import ExportFolder
+from router.fanout.celery_plan import sendable
+from router.model import identity
 
 UTC = timezone.utc
 T = datetime(2024, 5, 4, 12, 30, 15, 250000, tzinfo=UTC)
@@ -38,6 +42,25 @@ def test_pseudonyms_are_keyed_and_keep_int_and_str_ids_apart() -> None:
     assert "k" * 8 not in repr(a) and Pseudonyms().default and not a.default
     with pytest.raises(ValueError):
         Pseudonyms(b"")
+
+
+@pytest.mark.parametrize("user", [5, -3, 2**40 + 765, 2**63 - 1, -(2**63)])
+def test_a_user_has_one_pseudonym_whatever_int_type_carries_the_id(user: int) -> None:
+    """An id read back as bson.Int64 (every int stored as 64 bits) is the int's user: the same pseudonym, the same
+    registry entry, the same first bucket; a str of the same digits stays another user, and a bool is no id."""
+    names = Pseudonyms(b"k" * 32)
+    assert names.of(Int64(user)) == names.of(user) != names.of(str(user))
+    assert names.many([user, Int64(user)]).keys() == {names.of(user)}
+    assert posts.entry_id(Int64(user), "ab") == posts.entry_id(user, "ab") != posts.entry_id(str(user), "ab")
+    assert first_bucket(Int64(user)) == first_bucket(user) != first_bucket(str(user))
+    assert type(identity(Int64(user))) is int and identity(Int64(user)) == user
+    assert sendable([1, Int64(user)], 0) == [1, user]
+    for bad in (True, False, 1.0, 2**63, None, ""):
+        with pytest.raises(InvalidItem, match=r"^user_id: must be a 64-bit int or a non-empty UTF-8 str"):
+            identity(bad)
+    for bad in (True, 1.0, None):  # (True == 1, but it is no user)
+        with pytest.raises(InvalidItem):
+            names.of(bad)  # type: ignore[arg-type]
 
 
 def test_the_erasure_key_comes_from_clusters_yaml_and_is_never_shown() -> None:
@@ -62,8 +85,9 @@ def test_the_migration_registers_posts_under_the_ids_the_writers_use() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for sender, key in ((7, "abc"), ("7", "abc"), ("u", "4:xyzi7"), (-3, "k")):
+    for sender, key in ((7, "abc"), ("7", "abc"), ("u", "4:xyzi7"), (-3, "k"), (Int64(7), "abc"), (Int64(2**40), "k")):
         assert module.registry_id(sender, key) == posts.entry_id(sender, key)
+    assert module.registry_id(Int64(2**40), "k") == posts.entry_id(2**40, "k")  # one sender, one entry
     assert posts.entry_id(7, "ab") != posts.entry_id("7", "ab") != posts.entry_id(7, "ab7")
     assert [role for role, _ in module.pipelines("buckets")] == ["feed", "outbox"]
 

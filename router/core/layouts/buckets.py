@@ -75,7 +75,7 @@ from bson import ObjectId
 
 from ...cursor import Position
 from ...errors import BucketsFull
-from ...model import FeedItem
+from ...model import FeedItem, identity
 from ..policy import deadline_in
 from ..steps import Count, Delete, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
@@ -112,6 +112,8 @@ def first_bucket(receiver_id: int | str) -> ObjectId:
     """The ``_id`` of *receiver_id*'s first bucket in a period: every writer derives the same one (a 64-bit receiver
     id as it is, behind a tag no router-made id starts with; any other id by a 96-bit hash: were two receivers to share
     one, the second would start its first bucket as it starts later ones)."""
+    if type(receiver_id) is not int and type(receiver_id) is not str:  # (an Int64: its int; one receiver, one bucket)
+        receiver_id = identity(receiver_id, "receiver_id")
     if type(receiver_id) is int and -(1 << 63) <= receiver_id < 1 << 63:
         return ObjectId(_INT_FIRST + receiver_id.to_bytes(8, "big", signed=True))
     return ObjectId(hashlib.blake2b(f"{type(receiver_id).__name__}:{receiver_id}".encode(), digest_size=12).digest())
