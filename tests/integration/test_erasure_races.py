@@ -24,7 +24,7 @@ import attrs
 import pytest
 from bson.int64 import Int64
 
-from router import Activity, InvalidItem, RouterConfig, SenderErased, data_key
+from router import Activity, FeedItem, InvalidItem, RouterConfig, SenderErased, data_key
 from router.admin.status import check_report
 from router.fanout.celery import make_app, publish_fan_out
 from router.sync import FeedRouter
@@ -142,6 +142,35 @@ def test_erase_during_backfills(router: Any, raw_clients: Clients, config: Route
     for thread in threads:
         thread.join(300)
     assert not any(t.is_alive() for t in threads) and errors == [] and len(done) == 300
+    assert naming(raw_clients, config, user) == []
+
+
+@USERS
+def test_two_erasures_of_one_user_at_once_count_each_document_once(router: Any, raw_clients: Clients,
+                                                                    config: RouterConfig, user: int) -> None:
+    """Two erase_user calls for the same user started together: what they removed adds up to what was stored, per
+    collection (in buckets, a bucket both found is counted by the one whose statement changed it), and nothing names
+    the user."""
+    for n in range(4):  # 4 posts to the same 500 followers: 2,000 copies, in buckets 4 in each follower's bucket
+        router.publish(post(user, 40 + n), range(1000, 1500), batch_size=500)
+    router.write_many([FeedItem(receiver_id=user, sender_id=OTHER, event_time=WHEN + timedelta(seconds=n), type=1,
+                                data={"n": n}, data_key=data_key("race-in", n)) for n in range(120)])
+    assert copies_sent(raw_clients, config, user) == 2000
+    start = threading.Barrier(2)
+    results: list[Any] = []
+
+    def erase() -> None:
+        start.wait(30)
+        results.append(router.erase_user(user, requested_by="tests"))
+
+    threads = [threading.Thread(target=erase) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert len(results) == 2
+    totals = {what: sum(r.totals[what] for r in results) for what in ("feed_sent", "feed_received", "outbox", "posts")}
+    assert totals == {"feed_sent": 2000, "feed_received": 120, "outbox": 4, "posts": 4}
     assert naming(raw_clients, config, user) == []
 
 
