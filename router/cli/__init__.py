@@ -328,7 +328,7 @@ def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
 def _cmd_erase(args: argparse.Namespace, config: RouterConfig) -> int:
     from ..sync import FeedRouter
 
-    who = args.by or f"{getpass.getuser()}@{socket.gethostname()} (feedrouter erase)"
+    who = args.by if args.by is not None else f"{getpass.getuser()}@{socket.gethostname()} (feedrouter erase)"
     with FeedRouter(config, refresh=False) as router:
         result = router.erase_user(args.user, requested_by=who)
     lines = [f"erasure {result.request_id}: erased in {len(result.clusters)} clusters, requested by {who!r}",

@@ -25,7 +25,8 @@ from bson import ObjectId
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from router import Activity, FeedItem, InvalidItem, RouterConfig, data_key
+from router import Activity, ErasureFailed, FeedItem, InvalidItem, RouterConfig, data_key
+from router.errors import UnknownLayout
 from router.admin.migrate import MIGRATIONS_COLLECTION, discover, migrate_cluster
 from router.admin.status import check_report
 from router.cli import main
@@ -228,15 +229,66 @@ def test_bad_input_gets_a_clear_router_error(router: Any, tmp_path: Path) -> Non
         with pytest.raises(InvalidItem, match=r"^requested_by: must be a non-empty UTF-8 str .*who asked"):
             router.erase_user(USER, requested_by=who)
     (tmp_path / "a-file").write_text("x")
+    used, other = tmp_path / "used", tmp_path / "other"
+    used.mkdir()
+    other.mkdir()
+    (other / "notes.txt").write_text("kept")
+    router.export_user(USER, used)
     refusals = [(tmp_path / "missing", "must be an existing folder .*missing"),
-                (tmp_path / "a-file", "must be an existing folder .*a file"), (42, "must be the path of a folder")]
+                (tmp_path / "a-file", "must be an existing folder .*a file"), (42, "must be the path of a folder"),
+                (other, r"must be an empty folder \(got .*, which holds notes.txt\)$"),
+                (used, r"must be an empty folder \(got .*, which holds manifest.json, read.jsonl, .*\(it already holds an export\)")]
     for out, message in refusals:
         with pytest.raises(InvalidItem, match=rf"^out: {message}"):
             router.export_user(USER, out)
-    router.export_user(USER, tmp_path)
-    with pytest.raises(InvalidItem, match=r"^out: already holds an export \(manifest.json, sent.jsonl"):
-        router.export_user(USER, tmp_path)
+    assert [p.name for p in other.iterdir()] == ["notes.txt"] and (other / "notes.txt").read_text() == "kept"
     assert router.erasure_status(USER).records == ()  # nothing was erased by the refused calls
+
+
+def strict_json(line: str) -> Any:
+    """*line* read as JSON (RFC 8259): a bare NaN or Infinity is refused, where Python's json takes it."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_an_export_is_json_whatever_the_data(router: Any, tmp_path: Path) -> None:
+    """Posts and items whose data holds NaN and infinities are exported as JSON every parser takes: those doubles in
+    relaxed Extended JSON ({"$numberDouble": "NaN"}), the rest as stored."""
+    odd = {"nan": float("nan"), "up": float("inf"), "list": [float("-inf"), 2.5], "nested": {"down": float("-inf")}}
+    shown = {"nan": {"$numberDouble": "NaN"}, "up": {"$numberDouble": "Infinity"},
+             "list": [{"$numberDouble": "-Infinity"}, 2.5], "nested": {"down": {"$numberDouble": "-Infinity"}}}
+    router.publish(Activity(sender_id=USER, event_time=at(P2, 1, 0), type=1, data=odd, data_key=data_key("odd", 1)),
+                   [2, 3], pull=False)
+    router.write_many([FeedItem(receiver_id=USER, sender_id=PUSHER, event_time=at(P1, 2, 0), type=1, data=odd,
+                                data_key=data_key("odd", 2))])
+    router.export_user(USER, tmp_path)
+    for stream in ("sent", "received"):
+        lines = [strict_json(line) for line in (tmp_path / f"{stream}.jsonl").read_text().splitlines()]
+        assert [line["data"] for line in lines] == [shown], stream
+
+
+@pytest.mark.parametrize("layout", ["copies"])
+def test_an_unknown_layout_fails_the_erasure_of_its_cluster_and_the_export(
+    router: Any, raw_clients: Clients, config: RouterConfig, tmp_path: Path,
+) -> None:
+    """A period whose metadata names a layout this router does not know (a newer router's): erase_user finishes the
+    other clusters and raises ErasureFailed naming that cluster with its UnknownLayout (as the docs' table says);
+    export_user raises UnknownLayout and leaves no partial file."""
+    populate(router)
+    spec = config.clusters[2]
+    raw_clients[spec.name][config.database_for(spec)][config.metadata_collection].update_one({}, {"$set": {"layout": "columns"}})
+    router.refresh()
+    with pytest.raises(ErasureFailed) as failed:
+        router.erase_user(USER, requested_by="tests")
+    assert set(failed.value.failed) == {"cluster_3"} and isinstance(failed.value.failed["cluster_3"], UnknownLayout)
+    assert set(failed.value.counts) == {"cluster_1", "cluster_2", "cluster_3"}
+    status = router.erasure_status(USER)
+    assert status.unfinished == ("cluster_3",)
+    with pytest.raises(UnknownLayout, match="cluster 'cluster_3'"):
+        router.export_user(USER, tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 @USERS
@@ -311,6 +363,16 @@ def test_operators_erase_export_and_see_the_proof(router: Any, config: RouterCon
     assert "sent.jsonl: 8 records, sha256 " in capsys.readouterr().out
     assert main(["-c", str(path), "erase-status", str(USER)]) == 1  # never erased
     assert "no erasure of this user" in capsys.readouterr().out
+    for who in ("", "x" * 1025):  # usage errors: nothing erased, and an empty --by is not the operator's login
+        with pytest.raises(SystemExit) as usage:
+            main(["-c", str(path), "erase", str(USER), "--by", who])
+        assert usage.value.code == 2 and "--by: must be a non-empty UTF-8 str of at most 1024" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("kept")
+    assert main(["-c", str(path), "export", str(USER), str(other)]) == 2  # not empty
+    assert "out: must be an empty folder" in capsys.readouterr().err and [p.name for p in other.iterdir()] == ["notes.txt"]
+    assert router.erasure_status(USER).records == ()
     assert main(["-c", str(path), "erase", str(USER), "--by", "ticket 4411"]) == 0
     text = capsys.readouterr().out
     assert "erased in 3 clusters" in text and "feed_sent" in text and str(USER) not in text
@@ -323,7 +385,7 @@ def test_operators_erase_export_and_see_the_proof(router: Any, config: RouterCon
         main(["-c", str(path), "erase", ""])
     assert usage.value.code == 2 and "USER: must be a non-empty UTF-8 str" in capsys.readouterr().err
     assert main(["-c", str(path), "export", str(USER), str(out)]) == 2  # out holds an export already
-    assert "out: already holds an export" in capsys.readouterr().err
+    assert "(it already holds an export)" in capsys.readouterr().err
     # an erasure that stopped part-way: its record says running in one cluster
     spec = config.clusters[1]
     records = raw_clients[spec.name][config.database_for(spec)]["erasures"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 from collections.abc import Generator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -131,29 +132,41 @@ def test_export_files_are_json_lines_with_their_checksums_in_the_manifest(tmp_pa
                     data={"b": b"\x00\x01", "d": Decimal128("1.5")}, id=oid)
     folder.write("received", item, "c1")
     folder.write("received", attrs.evolve(item, data={"text": "é"}), "c1")
+    folder.write("received", attrs.evolve(item, data={"nan": float("nan"), "up": float("inf"),
+                                                      "deep": [{"down": float("-inf")}, 1.5]}), "c1")
     assert not (tmp_path / "manifest.json").exists() and (tmp_path / "received.jsonl.partial").exists()
-    result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 2, "seen": 0, "read": 0}))
+    result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 3, "seen": 0, "read": 0}))
     lines = (tmp_path / "received.jsonl").read_text(encoding="utf-8").splitlines()
     assert json.loads(lines[0]) == {"receiver_id": "u-7", "sender_id": 42, "event_time": T.isoformat(), "type": 1,
                                     "data": {"b": "AAE=", "d": {"$numberDecimal": "1.5"}}, "data_key": "k",
                                     "id": str(oid), "period": "c1"}
     assert json.loads(lines[1])["data"] == {"text": "é"}
+    assert json.loads(lines[2])["data"] == {"nan": {"$numberDouble": "NaN"}, "up": {"$numberDouble": "Infinity"},
+                                            "deep": [{"down": {"$numberDouble": "-Infinity"}}, 1.5]}
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     data = (tmp_path / "received.jsonl").read_bytes()
-    assert manifest["files"]["received.jsonl"] == {"records": 2, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert manifest["files"]["received.jsonl"] == {"records": 3, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert manifest["files"]["sent.jsonl"]["records"] == 0 and (tmp_path / "sent.jsonl").read_bytes() == b""
     assert manifest["user_id"] == "u-7" and manifest["periods"] == [{"name": "c1", "start": T.isoformat(), "end": None}]
-    assert result.counts == {"sent": 0, "received": 2, "seen": 0, "read": 0} and result.manifest == tmp_path / "manifest.json"
+    assert result.counts == {"sent": 0, "received": 3, "seen": 0, "read": 0} and result.manifest == tmp_path / "manifest.json"
 
 
-def test_an_export_folder_must_exist_and_hold_no_export(tmp_path: Path) -> None:
-    """Refused before anything is written, naming ``out``; an aborted export leaves no partial file."""
+def test_an_export_folder_must_exist_and_be_empty(tmp_path: Path) -> None:
+    """Refused before anything is written, naming ``out``: missing, a file, or holding anything at all (a file of
+    another name, a hidden file, a folder, an export); an aborted export leaves no partial file."""
     with pytest.raises(InvalidItem, match=r"^out: must be an existing folder \(got .*missing'?: missing\)"):
         ExportFolder(tmp_path / "missing", user_id=7)
     with pytest.raises(InvalidItem, match=r"^out: must be the path of a folder \(got NoneType\)"):
         ExportFolder(None, user_id=7)
-    (tmp_path / "seen.jsonl").write_text("")
-    with pytest.raises(InvalidItem, match=r"^out: already holds an export \(seen.jsonl\)"):
+    for name in ("notes.txt", ".hidden", "sub", "seen.jsonl"):
+        held = tmp_path / name
+        held.mkdir() if name == "sub" else held.write_text("kept")
+        with pytest.raises(InvalidItem, match=rf"^out: must be an empty folder \(got .*, which holds {re.escape(name)}\)$"):
+            ExportFolder(tmp_path, user_id=7)
+        held.rmdir() if name == "sub" else held.unlink()
+    for n in range(7):
+        (tmp_path / f"f{n}").write_text("")
+    with pytest.raises(InvalidItem, match=r"which holds f0, f1, f2, f3, f4 and 2 more\)$"):
         ExportFolder(tmp_path, user_id=7)
     other = tmp_path / "other"
     other.mkdir()
