@@ -38,7 +38,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -46,7 +46,7 @@ from typing import IO, Any
 import attrs
 from bson import ObjectId, json_util
 
-from .core.export import STREAMS, ExportSummary
+from .core.export import STREAMS, ExportProgress, ExportSummary
 from .errors import InvalidItem
 
 __all__ = ["FORMAT", "MANIFEST", "ExportFolder", "ExportResult", "ExportedFile"]
@@ -118,7 +118,8 @@ def _plain(value: Any) -> Any:
 class ExportFolder:
     """Writes an export's streams into *out*, an existing, empty folder (its files are created, never overwritten)."""
 
-    def __init__(self, out: object, *, user_id: int | str) -> None:
+    def __init__(self, out: object, *, user_id: int | str,
+                 progress: Callable[[ExportProgress], None] | None = None) -> None:
         if not isinstance(out, (str, os.PathLike)) or not str(out):
             raise InvalidItem("out", f"must be the path of a folder (got {type(out).__name__})")
         folder = Path(out)
@@ -132,6 +133,7 @@ class ExportFolder:
             raise InvalidItem("out", f"must be an empty folder (got {str(folder)!r:.200}, which holds {shown}){export}")
         self.folder = folder
         self.user_id = user_id
+        self.progress = progress
         self._files: dict[str, IO[bytes]] = {}
         self._hashes = {stream: hashlib.sha256() for stream in STREAMS}
         self._sizes = dict.fromkeys(STREAMS, 0)
@@ -153,6 +155,8 @@ class ExportFolder:
         self._hashes[stream].update(line)
         self._sizes[stream] += len(line)
         self._records[stream] += 1
+        if self.progress is not None:
+            self.progress(ExportProgress(stream, period, self._records[stream]))
 
     def finish(self, summary: ExportSummary) -> ExportResult:
         """Close the files, give them their names, and write the manifest (last); the result."""

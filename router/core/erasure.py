@@ -54,8 +54,8 @@ from .pseudonyms import Pseudonyms
 from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
 from .writes import insert_program
 
-__all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureRecord", "ErasureResult", "ErasureStatus",
-           "erase_program", "status_program", "unsettled"]
+__all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureProgress", "ErasureRecord", "ErasureResult",
+           "ErasureStatus", "erase_program", "status_program", "unsettled"]
 
 log = logging.getLogger(__name__)
 #: The request time of a record that has none (read from a document written by hand): before every other.
@@ -70,9 +70,28 @@ FIRST_GROUP = 8
 
 
 @attrs.frozen
+class ErasureProgress:
+    """How far an erasure is in one cluster, as ``erase_user``'s *progress* callback hears it: the documents removed
+    there so far (a ``buckets`` period's bucket counts once per statement that pulled copies from it; the result's
+    counts are exact), and whether that cluster is ``finished`` (``failed``: it stopped, and ``ErasureFailed`` follows
+    once the others finish). Nothing here names the user."""
+
+    cluster: str
+    removed: int
+    finished: bool = False
+    failed: bool = False
+
+
+#: What hears an erasure's progress: called after every statement that removed something, and once per cluster at the
+#: end, from whichever thread or task runs that cluster's share (keep it quick).
+ProgressCallback = Callable[[ErasureProgress], None]
+
+
+@attrs.frozen
 class ErasurePlan:
     """An erasure's inputs: the user, every configured cluster, the time map (each period's layout), the edit
-    settings (steps, timeout, retries), the pseudonyms, who asked, the request's id and "now"."""
+    settings (steps, timeout, retries), the pseudonyms, who asked, the request's id and "now", and what hears its
+    progress (None: nothing)."""
 
     user_id: int | str
     names: tuple[str, ...]
@@ -82,6 +101,7 @@ class ErasurePlan:
     requested_by: str
     request_id: str
     now: datetime
+    progress: ProgressCallback | None = None
 
 
 @attrs.frozen
@@ -173,7 +193,9 @@ def erase_program(plan: ErasurePlan) -> Program[ErasureResult]:
     Raises :class:`ErasureFailed` naming the clusters that did not finish (the others' counts in it).
     """
     names = list(plan.names)
-    outcomes = yield Concurrently([_cluster(plan, name) for name in names], names)
+    shares = [_cluster(plan, name) if plan.progress is None else _watched(_cluster(plan, name), name, plan.progress)
+              for name in names]
+    outcomes = yield Concurrently(shares, names)
     counts = {name: done for name, (done, _error) in zip(names, outcomes)}
     failed = {name: error for name, (_done, error) in zip(names, outcomes) if error is not None}
     for name in names:
@@ -185,6 +207,26 @@ def erase_program(plan: ErasurePlan) -> Program[ErasureResult]:
         raise ErasureFailed(plan.request_id, counts, failed)
     return ErasureResult(plan.request_id, plan.requested_by, plan.now,
                          tuple(ClusterErasure(name, counts[name]) for name in names))
+
+
+def _watched(share: Program[_Outcome], cluster: str, progress: ProgressCallback) -> Program[_Outcome]:
+    """*share* (one cluster's), telling *progress* the documents its statements removed as they go (deletes, and
+    updates that pull copies from buckets; not the erasure's own record), then that it finished."""
+    removed = 0
+    try:
+        request = next(share)
+        while True:
+            answer = yield request
+            if isinstance(request, (Delete, Update)) and request.collection != ERASURES_COLLECTION:
+                changed = answer if isinstance(answer, int) else getattr(answer, "modified", 0)
+                if changed:
+                    removed += changed
+                    progress(ErasureProgress(cluster, removed))
+            request = share.send(answer)
+    except StopIteration as stop:
+        outcome: _Outcome = stop.value
+        progress(ErasureProgress(cluster, removed, finished=True, failed=outcome[1] is not None))
+        return outcome
 
 
 def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:

@@ -25,7 +25,8 @@ from bson import ObjectId
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from router import Activity, ErasureFailed, FeedItem, InvalidItem, RouterConfig, data_key
+from router import (Activity, ErasureFailed, ErasureProgress, ExportProgress, FeedItem, InvalidItem, RouterConfig,
+                    data_key)
 from router.errors import UnknownLayout
 from router.admin.migrate import MIGRATIONS_COLLECTION, discover, migrate_cluster
 from router.admin.status import check_report
@@ -158,17 +159,19 @@ def stored_counts(clients: Clients, config: RouterConfig, keys: set[str], user: 
 
 @USERS
 def test_erase_user_leaves_nothing_that_names_them_and_everything_else(
-    router: Any, raw_clients: Clients, config: RouterConfig, caplog: pytest.LogCaptureFixture, user: int,
+    router: Any, raw_clients: Clients, config: RouterConfig, caplog: pytest.LogCaptureFixture, user: int, layout: str,
 ) -> None:
     """After erase_user returns, no document of any collection of any period names the user; every copy, entry and
     record of everyone else is still there; the counts are what was stored, and nothing returned or logged names
-    the user. Calling it again finds nothing more and leaves a second record."""
+    the user; its progress callback hears each cluster's removals as they go and each cluster's end. Calling it again
+    finds nothing more and leaves a second record."""
     model = populate(router, user)
     expected = stored_counts(raw_clients, config, model.keys, user)
     assert expected["feed_sent"] > 400 and expected["feed_received"] == 9 and expected["fanout_batches"] >= 8
     kept = others(raw_clients, config, model.keys, user)
+    notes: list[ErasureProgress] = []
     with caplog.at_level(logging.INFO, logger="router"):
-        result = router.erase_user(user, requested_by="support ticket 4411")
+        result = router.erase_user(user, requested_by="support ticket 4411", progress=notes.append)
     assert naming(raw_clients, config) == []
     assert naming(raw_clients, config, user) == []
     assert others(raw_clients, config, model.keys, user) == kept
@@ -176,6 +179,13 @@ def test_erase_user_leaves_nothing_that_names_them_and_everything_else(
     assert {k: v for k, v in result.totals.items() if k in expected} == expected
     assert str(user) not in json.dumps(result.to_json()) and str(user) not in caplog.text
     assert [c.cluster for c in result.clusters] == ["cluster_1", "cluster_2", "cluster_3"]
+    finished = {n.cluster: n.removed for n in notes if n.finished and not n.failed}
+    assert sorted(finished) == ["cluster_1", "cluster_2", "cluster_3"] and len(notes) > 3  # each cluster's steps, then its end
+    for c in result.clusters:  # each note of a cluster says no less than the one before
+        said = [n.removed for n in notes if n.cluster == c.cluster]
+        assert said == sorted(said) and said[-1] == finished[c.cluster]
+        if layout == "copies":  # (a bucket counts once per statement that pulled from it)
+            assert finished[c.cluster] == sum(c.counts.values())
     status = router.erasure_status(user)
     assert status.finished and {r.state for r in status.records} == {"done"}
     assert {r.request_id for r in status.records} == {result.request_id}
@@ -196,8 +206,11 @@ def test_export_across_three_periods_matches_a_model(router: Any, tmp_path: Path
     for itself (an updated copy's data_digest), each stream in time order across the three periods; the
     manifest names the periods and gives each file's records and SHA-256."""
     model = populate(router, user)
-    result = router.export_user(user, tmp_path)
+    notes: list[ExportProgress] = []
+    result = router.export_user(user, tmp_path, progress=notes.append)
     assert result.counts == {"sent": 8, "received": 9, "seen": 1, "read": 1}
+    assert len(notes) == 19 and {n.stream: n.records for n in notes} == result.counts  # one note per record
+    assert [n.period for n in notes if n.stream == "received"] == [r["period"] for r in model.received]
     lines = {stream: [json.loads(line) for line in (tmp_path / f"{stream}.jsonl").read_text().splitlines()]
              for stream in ("sent", "received", "seen", "read")}
     iso = {s: [{**r, "event_time": r["event_time"].isoformat()} for r in getattr(model, s)] for s in ("sent", "received")}
@@ -228,6 +241,10 @@ def test_bad_input_gets_a_clear_router_error(router: Any, tmp_path: Path) -> Non
     for who in (None, "", 7):
         with pytest.raises(InvalidItem, match=r"^requested_by: must be a non-empty UTF-8 str .*who asked"):
             router.erase_user(USER, requested_by=who)
+    with pytest.raises(InvalidItem, match=r"^progress: must be a callable or None \(got int\)"):
+        router.erase_user(USER, requested_by="t", progress=5)
+    with pytest.raises(InvalidItem, match=r"^progress: must be a callable or None \(got str\)"):
+        router.export_user(USER, tmp_path, progress="yes")
     (tmp_path / "a-file").write_text("x")
     used, other = tmp_path / "used", tmp_path / "other"
     used.mkdir()
