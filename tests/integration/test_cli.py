@@ -133,6 +133,11 @@ def test_check_config_error_exits_2_without_traceback(tmp_path: Path) -> None:
     assert f"{path}:3:10: clusters[0].uri: must be a mongodb:// or mongodb+srv:// URI (got 'localhost')" in result.stderr
     assert f"{path}:4:11: clusters[1].name: duplicate cluster name" in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+    secret = "S3cret-erasure-key-0123456789"
+    path.write_text(f"clusters:\n  - name: a\n    uri: mongodb://h:1\nerasure: {secret}\n")  # key: left out
+    result = feedrouter("-c", str(path), "check")
+    assert result.returncode == 2 and f"{path}:4:10: erasure: must be a mapping (got a single value, not shown" in result.stderr
+    assert secret not in result.stderr + result.stdout
 
 
 def test_check_metadata_problem_exits_1(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
