@@ -120,8 +120,7 @@ class YamlReader:
 
     @staticmethod
     def _show(node: yaml.Node) -> str:
-        if isinstance(node, yaml.MappingNode):
-            return "a mapping"
-        if isinstance(node, yaml.SequenceNode):
-            return "a list"
+        """*node* as a problem shows it: a scalar's value (a URI's password masked), else its kind."""
+        if not isinstance(node, yaml.ScalarNode):
+            return YamlReader._kind(node)
         return repr(masked_uri(node.value) if isinstance(node.value, str) else node.value)
