@@ -17,7 +17,14 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    every cluster (``edits``: an update's record holds the post's data, and an edit leaves
    one in each cluster; counted where the post was found), and last the page's ``outbox``
    and registry entries. What names a post is removed only after everything found by it,
-   so an erasure stopped half-way is finished by calling it again.
+   so an erasure stopped half-way is finished by calling it again. Each page's data_keys are
+   remembered first, in ``erasures`` under the user's pseudonym (``{_id: "<pseudonym
+   hex>/<request id>/<page>", keys, at}``: no ``user`` field, so no reader of records meets
+   it), and once no registered post is left, every post any erasure of the user remembered
+   in this cluster is swept once more. A writer whose insert landed but whose read of the
+   records never happened (its cluster was killed between the two and the answer lost, or
+   the read timed out) reports those receivers failed and stops, and leaves its copies;
+   without the memory, nothing could find them once the post's entries were gone.
 3. **What was addressed to them**: their feed (:meth:`Layout.remove_received`) and their
    seen markers.
 4. **The proof.** The record is marked ``done`` with this cluster's counts per collection.
@@ -260,8 +267,11 @@ def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
 
 def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tuple[int, Any]]],
           counts: dict[str, int]) -> Program[RouterError | None]:
-    """Everything of the user's posts in *cluster*, a page of posts at a time (what names a post goes last)."""
+    """Everything of the user's posts in *cluster*: a page of registered posts at a time (each page remembered
+    first, and what names a post removed last), then once more every post an erasure of the user ever remembered
+    in *cluster* (:func:`_remembered`)."""
     user, settings = plan.user_id, plan.settings
+    pages = 0
     while True:
         deadline = deadline_in(settings.timeout)
         found: list[list[str] | Failure] = yield Concurrently([posts.registered_keys(cluster, user, deadline, limit=PAGE),
@@ -274,19 +284,70 @@ def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tu
             keys_found.update(answer)
         keys = sorted(keys_found)
         if not keys:
-            return None
-        trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
-        if trouble is not None:
-            return trouble
-        error = yield from _jobs(cluster, keys, counts, settings.timeout)
-        steps = [(counted, request) for counted, request in (
-            *(("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names),  # every cluster
-            ("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))),
-            ("posts", posts.remove(cluster, user, keys, deadline_in(settings.timeout))))]
-        for counted, request in steps if error is None else ():
-            error = error or (yield from _count(request, counts, counted))
+            break
+        kept = {"_id": _remembered_id(plan, pages), "keys": keys, "at": plan.now}
+        stored = yield from insert_program(cluster, _RECORDS, [kept], policy=settings.policy,
+                                           deadline=deadline_in(settings.timeout), duplicates="present")
+        if stored.failed:
+            return next(iter(stored.failed.values()))
+        pages += 1
+        error = yield from _page(plan, cluster, keys, remove_sent, counts)
         if error is not None:
             return error
+    after: str | None = None
+    while True:  # every post remembered here, this erasure's own pages included: copies may have landed since
+        found_keys = yield from _remembered(plan, cluster, after)
+        if isinstance(found_keys, RouterError):
+            return found_keys
+        after, keys = found_keys
+        if after is None:
+            return None
+        for i in range(0, len(keys), PAGE):
+            error = yield from _page(plan, cluster, keys[i:i + PAGE], remove_sent, counts)
+            if error is not None:
+                return error
+
+
+#: Pages of remembered posts one find reads (each lists up to :data:`PAGE` data_keys).
+REMEMBERED_PAGES = 64
+
+
+def _remembered_id(plan: ErasurePlan, page: int) -> str:
+    """The ``_id`` of the document that remembers page *page* of the posts this erasure found in a cluster: the
+    user's pseudonym in hex first, so the documents of every erasure of the user are one range of ``_id``."""
+    return f"{plan.pseudonyms.of(plan.user_id).hex()}/{plan.request_id}/{page}"
+
+
+def _remembered(plan: ErasurePlan, cluster: str, after: str | None) -> Program[tuple[str | None, list[str]] | RouterError]:
+    """The data_keys remembered in *cluster* by erasures of the user (documents after *after*, in ``_id`` order):
+    the last ``_id`` read (None: no more) and the keys, distinct, in order."""
+    prefix = plan.pseudonyms.of(plan.user_id).hex()
+    low = {"$gt": after if after is not None else prefix + "/"}  # (no _id is the prefix and "/" alone)
+    docs = yield Find(cluster, ERASURES_COLLECTION, {"_id": {**low, "$lt": prefix + "0"}},  # ("0" follows "/")
+                      deadline_in(plan.settings.timeout), sort=[("_id", 1)], limit=REMEMBERED_PAGES,
+                      projection={"keys": 1})
+    if isinstance(docs, Failure):
+        return docs.error
+    keys = dict.fromkeys(k for d in docs for k in d.get("keys", ()) if isinstance(k, str))
+    return (str(docs[-1]["_id"]) if docs else None), list(keys)
+
+
+def _page(plan: ErasurePlan, cluster: str, keys: Sequence[str], remove_sent: Callable[..., Program[tuple[int, Any]]],
+          counts: dict[str, int]) -> Program[RouterError | None]:
+    """Everything of the posts *keys* in *cluster*: their copies, job records, edit records (every cluster), outbox
+    and registry entries, in that order."""
+    user, settings = plan.user_id, plan.settings
+    trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
+    if trouble is not None:
+        return trouble
+    error = yield from _jobs(cluster, keys, counts, settings.timeout)
+    steps = [(counted, request) for counted, request in (
+        *(("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names),  # every cluster
+        ("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))),
+        ("posts", posts.remove(cluster, user, keys, deadline_in(settings.timeout))))]
+    for counted, request in steps if error is None else ():
+        error = error or (yield from _count(request, counts, counted))
+    return error
 
 
 def _copies_of(cluster: str, user: int | str, keys: Sequence[str], settings: EditSettings,
