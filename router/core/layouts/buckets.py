@@ -78,7 +78,7 @@ from bson import ObjectId
 
 from ...cursor import Position
 from ...errors import BucketsFull
-from ...model import FeedItem
+from ...model import FeedItem, identity
 from ..policy import deadline_in
 from ..steps import Count, Delete, Failure, Find, Program, Request, Update, Upserts
 from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
@@ -115,6 +115,8 @@ def first_bucket(receiver_id: int | str) -> ObjectId:
     """The ``_id`` of *receiver_id*'s first bucket in a period: every writer derives the same one (a 64-bit receiver
     id as it is, behind a tag no router-made id starts with; any other id by a 96-bit hash: were two receivers to share
     one, the second would start its first bucket as it starts later ones)."""
+    if type(receiver_id) is not int and type(receiver_id) is not str:  # (an Int64: its int; one receiver, one bucket)
+        receiver_id = identity(receiver_id, "receiver_id")
     if type(receiver_id) is int and -(1 << 63) <= receiver_id < 1 << 63:
         return ObjectId(_INT_FIRST + receiver_id.to_bytes(8, "big", signed=True))
     return ObjectId(hashlib.blake2b(f"{type(receiver_id).__name__}:{receiver_id}".encode(), digest_size=12).digest())
@@ -244,7 +246,12 @@ def _walk(cluster: str, receiver_id: int | str, after: Position | None, need: in
 def _erase(cluster: str, match: Mapping[str, Any], steps: EditSettings, update: Mapping[str, Any] | None,
            counted: Callable[[Mapping[str, Any]], bool]) -> Program[Edited]:
     """Remove copies in steps of buckets: of those matching *match*, pull with *update* (None: delete the buckets),
-    counting the copies *counted* picks out; *match* stops matching a bucket once it is changed."""
+    counting the copies *counted* picks out; *match* stops matching a bucket once it is changed.
+
+    What is counted is what this call's statements changed, not what its find saw: the buckets found are edited in
+    groups of the same number of counted copies, one statement per group, and each group counts that number per
+    bucket the server says it changed. A bucket another erasure of the same user changed first no longer matches, so
+    two erasures at once count each copy once between them (a step usually holds one or two such groups)."""
     done = 0
     size = max(1, steps.step // MAX_ITEMS)
     while True:
@@ -255,12 +262,16 @@ def _erase(cluster: str, match: Mapping[str, Any], steps: EditSettings, update: 
             return done, docs.error
         if not docs:
             return done, None
-        target = {**match, "_id": {"$in": [d["_id"] for d in docs]}}
-        answer = yield (Delete(cluster, "feed", target, deadline) if update is None
-                        else Update(cluster, "feed", target, update, deadline))
-        if isinstance(answer, Failure):
-            return done, answer.error
-        done += sum(1 for d in docs for i in d.get("items", ()) if counted(i))
+        by_count: dict[int, list[Any]] = {}
+        for d in docs:
+            by_count.setdefault(sum(1 for i in d.get("items", ()) if counted(i)), []).append(d["_id"])
+        for copies, ids in sorted(by_count.items()):
+            target = {**match, "_id": {"$in": ids}}
+            answer = yield (Delete(cluster, "feed", target, deadline) if update is None
+                            else Update(cluster, "feed", target, update, deadline))
+            if isinstance(answer, Failure):
+                return done, answer.error
+            done += copies * (answer if isinstance(answer, int) else answer.modified)
 
 
 class Buckets(Layout):
