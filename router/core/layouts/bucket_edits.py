@@ -48,7 +48,7 @@ import bson
 from bson import ObjectId
 
 from ...errors import ClusterUnavailable
-from ..policy import deadline_in
+from ..policy import code_kind, deadline_in
 from ..steps import Failure, Find, InsertOutcome, Program, Request, Update, UpdateOutcome, Upserts
 from .base import EditSettings, Edited, Landed
 from .bucket_items import (CHARGE, DATA_CHARGE, MAX_BYTES, MAX_ITEMS, MOVED, MOVING, STUB_KEEP, Slot, append,
@@ -65,8 +65,7 @@ MOVES_PER_STEP = 100
 MOVE_BYTES = 16 * 1024 * 1024
 #: What a step of moves reads of a bucket: the copies' identities and charges, not their data.
 _IDENTITIES = {"receiver_id": 1, **{f"items.{f}": 1 for f in ("_id", MOVING, "data_key", "sender_id", "event_time",
-                                                               "type", CHARGE, DIGEST)}}
-_DUPLICATE = 11000
+                                                               "type", CHARGE)}}
 
 
 def _the_key(data_key: str) -> list[dict[str, Any]]:
@@ -223,7 +222,7 @@ def _land(cluster: str, data_key: str, group: Sequence[_Move], now: datetime, st
     assert isinstance(outcome, InsertOutcome)
     if outcome.failure is not None:
         return 0, outcome.failure.error
-    refused = [e for e in outcome.write_errors if e.code != _DUPLICATE]  # a duplicate: appended already
+    refused = [e for e in outcome.write_errors if code_kind(e.code) != "duplicate"]  # a duplicate: appended already
     if refused:
         return 0, ClusterUnavailable(cluster, f"moving a copy of {data_key}: {refused[0].message}")
     if landed is not None:
