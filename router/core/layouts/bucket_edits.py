@@ -35,7 +35,7 @@ marked): a read takes it once (:class:`.bucket_items.Gathered`).
 **Cost.** An update that moves nothing: a find per distinct old data size (usually one), its
 steps, a find that finds no other and one that finds nothing to move. Each copy moved adds
 two single-document updates; the appends of a step's moves are one request, followed by one
-fence read.
+read of the fence and the erasure records (two finds at once), as a fan-out batch's are.
 """
 
 from __future__ import annotations
