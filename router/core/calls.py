@@ -171,7 +171,8 @@ def update(view: View, data_key: object, data: object) -> Program[int]:
     if not isinstance(data, Mapping):
         raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})")
     check_data(data, None)
-    return update_program(key, dict(data), view.names, view.settings.edit, view.routing.timemap)
+    return update_program(key, dict(data), view.names, view.settings.edit, view.routing.timemap,
+                          pseudonyms=view.settings.pseudonyms)
 
 
 def unfollow(view: View, receiver_id: object, sender_id: object) -> Program[int]:

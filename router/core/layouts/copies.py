@@ -18,7 +18,7 @@ from bson import ObjectId
 from ...cursor import Position
 from ...model import FeedItem
 from ..steps import Count, Failure, Find, Insert, Program, Request
-from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
+from .base import EditSettings, Edited, IndexSpec, Inbox, Landed, Layout
 from .queries import PAGE_SORT, fix_requests, in_steps, key_edit, newer_than, older_than, outside_clause
 from .values import Copy, FanBatch
 
@@ -99,8 +99,8 @@ class Copies(Layout):
         return [{"$match": {"receiver_id": receiver_id, "event_time": times, **match}}]
 
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
-                 what: str) -> Program[Edited]:
-        match, update = key_edit(data_key, data)
+                 what: str, landed: Landed | None = None) -> Program[Edited]:
+        match, update = key_edit(data_key, data)  # (in place: a copy is a document of its own, never written anew)
         return (yield from in_steps(cluster, "feed", match, steps, update=update, what=what))
 
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
