@@ -49,6 +49,7 @@ from .groups import (
     UnseenGroups,
     encode_group_cursor,
     group_key,
+    ident,
     key_hash,
     newest_actors,
     position_key,
@@ -123,8 +124,9 @@ def _copies(plan: GroupPlan, ceiling: Position | None,
 
 
 def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime,
-            ceiling: Position) -> Program[dict[tuple[Any, ...], list[FeedItem]]]:
-    """The pulled senders' items in ``[start, end)`` at or below *ceiling*, each post once, by group values."""
+            ceiling: Position) -> Program[dict[Hashable, list[FeedItem]]]:
+    """The pulled senders' items in ``[start, end)`` at or below *ceiling*, each post once, by group (the
+    :func:`~router.core.groups.ident` of its values)."""
     programs: list[Program[Any]] = []
     for name in clusters:
         layout = layout_for(plan.timemap, name)
@@ -140,9 +142,9 @@ def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: date
                 found[where] = item  # the receiver's own copy wins, as on a page
             else:
                 found.setdefault(where, item)
-    by_group: dict[tuple[Any, ...], list[FeedItem]] = {}
+    by_group: dict[Hashable, list[FeedItem]] = {}
     for item in found.values():
-        by_group.setdefault(plan.by.values_of(item), []).append(item)
+        by_group.setdefault(ident(plan.by.values_of(item)), []).append(item)
     return by_group
 
 
@@ -157,29 +159,38 @@ class _Ranked:
     key: str
     last: Position
 
+    @property
+    def group(self) -> Hashable:
+        """What tells this group from another in the router's dicts (:func:`~router.core.groups.ident`)."""
+        return ident(self.values)
+
 
 def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position, limit: int,
-          pulled: Mapping[tuple[Any, ...], list[FeedItem]], window: int) -> Program[list[_Ranked]]:
+          pulled: Mapping[Hashable, list[FeedItem]], window: int) -> Program[list[_Ranked]]:
     """The window's groups newest first by their newest item at or below *ceiling*: at least the *limit* newest."""
     match = _copies(plan, ceiling)
     programs = [_one(grouping.rank(layout_for(plan.timemap, c), c, plan.receiver_id, start, end, match, plan.by.fields,
                                    limit, plan.deadline)) for c in clusters]
     answers = yield Concurrently(programs, list(clusters))
-    last: dict[tuple[Any, ...], tuple[datetime, bytes]] = {}
+    last: dict[Hashable, tuple[tuple[Any, ...], tuple[datetime, bytes]]] = {}
+
+    def newer(values: tuple[Any, ...], mine: tuple[datetime, bytes]) -> None:
+        group = ident(values)
+        if group not in last or last[group][1] < mine:
+            last[group] = (values, mine)
+
     for answer in answers:
         for values, newest in grouping.rank_rows(_answer(answer), plan.by.fields):
-            mine = position_key(newest)
-            last[values] = max(last.get(values, mine), mine)
-    for values, items in pulled.items():
-        mine = max((i.event_time, i.id.binary) for i in items)  # type: ignore[union-attr]
-        last[values] = max(last.get(values, mine), mine)
-    ranked = [_Ranked(v, group_key(plan.by, v, window), Position(t, ObjectId(b))) for v, (t, b) in last.items()]
+            newer(values, position_key(newest))
+    for items in pulled.values():
+        newer(plan.by.values_of(items[0]), max((i.event_time, i.id.binary) for i in items))  # type: ignore[union-attr]
+    ranked = [_Ranked(v, group_key(plan.by, v, window), Position(t, ObjectId(b))) for v, (t, b) in last.values()]
     ranked.sort(key=lambda r: position_key(r.last), reverse=True)
     return ranked
 
 
 def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
-             taken: Sequence[_Ranked], pulled: Mapping[tuple[Any, ...], list[FeedItem]]) -> Program[list[grouping.Detail]]:
+             taken: Sequence[_Ranked], pulled: Mapping[Hashable, list[FeedItem]]) -> Program[list[grouping.Detail]]:
     """Counts, first time and newest actors of each group *taken*, each item counted once: one aggregate per cluster
     (two on a server without ``$topN``), and one more listing the actors where the window meets several periods."""
     spans = len(clusters) > 1  # a group may then hold items in several periods: count its actors as one set
@@ -189,25 +200,25 @@ def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: dat
         programs += [_one(grouping.actors(layout_for(plan.timemap, c), c, plan.receiver_id, start, end, match,
                                           plan.by.fields, plan.deadline)) for c in clusters]
     answers = yield Concurrently(programs, list(clusters) * (2 if spans else 1))
-    parts: dict[tuple[Any, ...], list[grouping.Detail]] = {}
+    parts: dict[Hashable, list[grouping.Detail]] = {}
     for answer in answers[:len(clusters)]:
-        for values, detail in answer.items():
-            parts.setdefault(values, []).append(detail)
-    actor_sets: dict[tuple[Any, ...], set[tuple[type, Any]]] = {}
+        for values, detail in answer:
+            parts.setdefault(ident(values), []).append(detail)
+    actor_sets: dict[Hashable, set[Hashable]] = {}
     for answer in answers[len(clusters):]:
         for values, actor in grouping.actor_rows(_answer(answer), plan.by.fields):
-            actor_sets.setdefault(values, set()).add((type(actor), actor))
+            actor_sets.setdefault(ident(values), set()).add(ident(actor))
     out = []
     for t in taken:
-        mine = parts.get(t.values, [])
+        mine = parts.get(t.group, [])
         count = sum(d.count for d in mine)
-        actors = len(actor_sets.get(t.values, ())) if spans else sum(d.actors for d in mine)
+        actors = len(actor_sets.get(t.group, ())) if spans else sum(d.actors for d in mine)
         firsts = [d.first for d in mine]
         items = [i for d in mine for i in d.items]
-        pulled_items = pulled.get(t.values, [])
+        pulled_items = pulled.get(t.group, [])
         if pulled_items:  # pulled senders are not among the copies counted above: their actors are others
             count += len(pulled_items)
-            actors += len({(type(i.sender_id), i.sender_id) for i in pulled_items})
+            actors += len({ident(i.sender_id) for i in pulled_items})
             firsts.append(min(i.event_time for i in pulled_items))
         out.append(grouping.Detail(count, actors, min(firsts, default=t.last.event_time),
                                    newest_actors(items + pulled_items, plan.newest)))
@@ -215,7 +226,7 @@ def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: dat
 
 
 def _counted(plan: GroupPlan, cluster: str, start: datetime, end: datetime,
-             match: Mapping[str, Any]) -> Program[dict[tuple[Any, ...], grouping.Detail]]:
+             match: Mapping[str, Any]) -> Program[list[tuple[tuple[Any, ...], grouping.Detail]]]:
     """The details of one cluster: with ``$topN``, or (on a server that does not know it) with ``$push``."""
     layout = layout_for(plan.timemap, cluster)
 
@@ -313,12 +324,12 @@ class Mark:
     through: Position
 
 
-def mark_read_program(receiver_id: int | str, marks: Sequence[Mark], place: Mapping[str, str], *,
-                      deadline: float) -> Program[int]:
-    """Insert *marks* (each in the cluster *place* names for its group), then delete the marks they make redundant."""
+def mark_read_program(receiver_id: int | str, marks: Sequence[tuple[Mark, str]], *, deadline: float) -> Program[int]:
+    """Insert *marks* (each in the cluster paired with it: the owner of its own position), then delete the marks they
+    make redundant."""
     by_cluster: dict[str, list[Mark]] = {}
-    for m in marks:
-        by_cluster.setdefault(place[m.group], []).append(m)
+    for m, cluster in marks:
+        by_cluster.setdefault(cluster, []).append(m)
     names = list(by_cluster)
     pairs = {n: [(m.group, m.through) for m in ms] for n, ms in by_cluster.items()}
     outcomes = yield Concurrently([_one(Insert(n, "seen", read_mark_documents(receiver_id, pairs[n]), deadline))
@@ -340,7 +351,7 @@ def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
     entries too, and a ``find`` of those in the marker's millisecond), stopping once past *cap*."""
     names = plan.names()
     marker, at = yield from marker_program(plan.receiver_id, names, deadline=plan.deadline)
-    found: set[tuple[Any, ...]] = set()
+    found: set[Hashable] = set()
     queried: list[str] = []
     for i, name in enumerate(names[: at + 1]):
         bound = marker if i == at else None
@@ -357,12 +368,12 @@ def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
         answers = yield Concurrently(programs, [name] * len(programs))
         queried.append(name)
         for answer in answers[:2]:
-            found.update(grouping.unseen_rows(_answer(answer), plan.by.fields))
+            found.update(ident(row) for row in grouping.unseen_rows(_answer(answer), plan.by.fields))
         if len(answers) == 3 and bound is not None:
             for post in _answer(answers[2]):
                 entry = outbox.pulled_item(post, plan.receiver_id)
                 if entry is not None and (entry[0], entry[1].binary) > position_key(bound):
-                    found.add((*plan.by.values_of(entry[2]), plan.by.window_of(entry[0])))
+                    found.add(ident((*plan.by.values_of(entry[2]), plan.by.window_of(entry[0]))))
         if len(found) > cap:
             break
     return UnseenGroups(min(len(found), cap), len(found) > cap, marker, tuple(queried))

@@ -30,6 +30,7 @@ import attrs
 
 from ...cursor import Position
 from ...model import FeedItem
+from ..groups import canonical
 from ..steps import Aggregate, Failure, Program
 from . import outbox
 from .base import Layout
@@ -41,6 +42,8 @@ __all__ = ["Detail", "actor_rows", "actors", "at_or_below", "copy_match", "detai
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 Values = tuple[Any, ...]
+#: The copies' fields a key may name that the router checks on writing: an int or a text, never a list.
+_ROUTER_FIELDS = ("type", "sender_id", "data_key")
 
 
 def _key(fields: Sequence[str]) -> dict[str, Any]:
@@ -49,7 +52,9 @@ def _key(fields: Sequence[str]) -> dict[str, Any]:
 
 
 def _values(row_id: Mapping[str, Any], fields: Sequence[str]) -> Values:
-    return tuple(row_id.get(f"k{i}") for i in range(len(fields)))
+    """A group's values as a row names them, :func:`~router.core.groups.canonical` (the server shows one of the
+    values it grouped together: 5 or 5.0)."""
+    return tuple(canonical(row_id.get(f"k{i}")) for i in range(len(fields)))
 
 
 def _item(row: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
@@ -60,8 +65,21 @@ def _item(row: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
 
 
 def _selector(fields: Sequence[str], values: Values) -> dict[str, Any]:
-    """The items whose key fields hold *values* (``None`` matches a missing field too)."""
-    return {f: v for f, v in zip(fields, values)}
+    """The items whose key fields hold *values*, compared as :func:`_key` groups them (``None`` matches a missing
+    field too). A query's ``{field: value}`` would also match a list holding the value: the router's own fields
+    (``type``, ``sender_id``, ``data_key``: an id or a text, never a list) are matched so, a ``data`` path with
+    ``$expr``, the grouping's own equality (numbers by value, ``true`` apart from ``1``, lists and documents
+    whole)."""
+    plain: dict[str, Any] = {}
+    same: list[dict[str, Any]] = []
+    for f, v in zip(fields, values):
+        if f in _ROUTER_FIELDS and isinstance(v, (int, str)) and not isinstance(v, bool):
+            plain[f] = v
+        else:
+            same.append({"$eq": [{"$ifNull": [f"${f}", None]}, {"$literal": v}]})
+    if same:
+        plain["$expr"] = same[0] if len(same) == 1 else {"$and": same}
+    return plain
 
 
 def at_or_below(ceiling: Position) -> dict[str, Any]:
@@ -140,10 +158,11 @@ class Detail:
     items: tuple[FeedItem, ...]
 
 
-def detail_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], receiver_id: int | str) -> dict[Values, Detail]:
-    """The answer to :func:`details`, by group values."""
-    return {_values(r["_id"], fields): Detail(r["n"], r["a"], r["f"], tuple(_item(x["d"], receiver_id) for x in r["top"]))
-            for r in rows}
+def detail_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
+                receiver_id: int | str) -> list[tuple[Values, Detail]]:
+    """The answer to :func:`details`: each group's values and details."""
+    return [(_values(r["_id"], fields), Detail(r["n"], r["a"], r["f"], tuple(_item(x["d"], receiver_id) for x in r["top"])))
+            for r in rows]
 
 
 def actors(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
