@@ -25,6 +25,7 @@ from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
+    ClusterError,
     ClusterRetired,
     ClusterUnavailable,
     ConfigError,
@@ -45,6 +46,7 @@ from .errors import (
     MigrationError,
     NoClusterForTime,
     PeriodChangeRefused,
+    RequestRefused,
     RolloverError,
     RouterClosed,
     RouterError,
@@ -69,6 +71,7 @@ __all__ = [
     "AsyncFeedRouter",
     "BackfillResult",
     "ClusterConfig",
+    "ClusterError",
     "ClusterMeta",
     "ClusterRetired",
     "ClusterUnavailable",
@@ -107,6 +110,7 @@ __all__ = [
     "Position",
     "PublishResult",
     "ReadWindow",
+    "RequestRefused",
     "RolloverError",
     "RouterClosed",
     "RouterConfig",

@@ -29,7 +29,7 @@ from ..config import RouterConfig, load_config
 from ..core.checkpoint import JobStatus
 from ..core.erasure import COUNTED
 from ..core.groups import DEFAULT_GROUP_BY
-from ..errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
+from ..errors import ClusterError, ConfigError, InvalidItem, RouterError
 from ..storage.clusters import Clusters
 from ..timemap import format_period
 from ..uris import broker_problem, redact_uri
@@ -159,7 +159,7 @@ def _cmd_migrate(args: argparse.Namespace, config: RouterConfig) -> int:
             progress.step(name)
             try:
                 report = migrate_cluster(clusters[name], config, migrations, dry_run=args.dry_run)
-            except ClusterUnavailable as exc:
+            except ClusterError as exc:
                 reports.append({"cluster": name, "error": str(exc)})
                 failed = True
                 continue
