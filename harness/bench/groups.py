@@ -7,7 +7,8 @@ another post each) on one day in the newest period. Measured, in the same run:
   receiver (median of *rounds* calls per repetition, ms);
 * ``groups_page_requests``: the commands each sends, per cluster at most (judged: a page of
   groups in one window sends at most 5 to a cluster, 6 without $topN), and the documents the client receives
-  (finds and aggregates together): a group's count never brings its items;
+  (finds and aggregates together: one row per group of the rank, one more, and the newest items shown, at most
+  3 per group): a group's count never brings its items;
 * ``group_count_cost``: what counting the big group costs the server alone: one raw
   ``aggregate`` of its items and actors (``$match`` on the receiver, its day and its key, two
   ``$group``), against a raw ``count_documents`` of the receiver's day (the page index's
@@ -29,6 +30,7 @@ import attrs
 from pymongo import MongoClient, monitoring
 from pymongo.errors import PyMongoError
 
+from router.core.groups import ACTORS_COUNTED
 from router.errors import GroupsUnsupported
 from router.ids import data_key
 from router.model import FeedItem
@@ -104,6 +106,7 @@ def _bench_groups(uris: Sequence[str], *, big: int, reps: int, rounds: int) -> l
             router.write_many(items[i:i + 10_000])
         first = router.read_groups(RECEIVER, limit=20)
         assert len(first.groups) == 20 and first.groups[-1].count == big, [(g.values, g.count) for g in first.groups]
+        shown = sum(len(g.items) for g in first.groups)
 
         def counted(call: Any) -> tuple[int, int]:
             log.commands.clear()
@@ -142,7 +145,8 @@ def _bench_groups(uris: Sequence[str], *, big: int, reps: int, rounds: int) -> l
         plan = f"explain refused: {str(exc)[:80]}"
     raw.drop_database("bench_groups")
     raw.close()
-    note_page = (f"a page of 20 groups (one of {big:,} likes, 19 of 5) against a page of 20 items of the same receiver; "
+    note_page = (f"a page of 20 groups (one of {big:,} likes, 19 of 5; the big one's actors counted among "
+                 f"{ACTORS_COUNTED:,} of its items) against a page of 20 items of the same receiver; "
                  f"median {statistics.median(g_ms):.1f} ms against {statistics.median(p_ms):.1f} ms")
     note_requests = (f"read_groups: at most {groups_requests} commands to a cluster, {groups_rows} documents returned "
                      f"(finds and aggregates); read: {page_requests} and {page_rows}")
@@ -154,7 +158,7 @@ def _bench_groups(uris: Sequence[str], *, big: int, reps: int, rounds: int) -> l
                g_ms, p_ms, [a / b for a, b in zip(g_ms, p_ms)], "-", True, note_page),
         Result("groups_page_requests", "commands per cluster: a page of 20 groups vs a page of 20 items", "commands",
                [float(groups_requests)], [float(page_requests)], [float(groups_rows)], "<= 6 commands",
-               groups_requests <= 6 and groups_rows <= 80, note_requests),
+               groups_requests <= 6 and groups_rows <= 20 + 2 + shown, note_requests),
         Result("group_count_cost", f"counting a group of {big:,} on the server vs counting the receiver's day", "ms",
                c_ms, r_ms, [a / b for a, b in zip(c_ms, r_ms)], "-", True, note_count),
     ]

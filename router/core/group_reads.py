@@ -4,17 +4,22 @@
 until one has it); on the walk's first page, the newest item (a one-item page of
 :func:`~router.core.reads.read_program`) is the ceiling and names the first window. For each
 window the page takes, every cluster whose period meets the window (and has started) is asked
-once to *rank* the window's groups (one ``aggregate``: the groups' newest items, limited to
-the groups served so far in that window plus the ones still missing plus one), and once for
-the *details* of the groups taken (one ``aggregate``: items, distinct actors, first time and
-newest actors of each, with ``$topN``; a server without it is asked again with ``$push``),
-and once more for the groups' actors where the window meets several periods (to count them
-as one set). With pulled senders, each such cluster also returns the pulled senders'
-entries in that window (an outbox ``find`` and an ``aggregate`` of their copies): those are
-a few authors' posts, counted here, each post once as a page serves it once. A window used up
-before the page is full costs a one-item page to find the next window (a page that fills as
-its window is used up leaves that to the next page). Last, one ``find`` per
-cluster from the newest down to the oldest group's newest item reads the read marks.
+once to *rank and count* the window's groups (one ``aggregate``, one ``$group`` by key: of the
+groups served so far in that window plus the ones still missing plus one, their newest items,
+items, first times, newest items by position and sender, and the distinct actors of up to
+:data:`~router.core.groups.ACTORS_COUNTED` of their items; a server without ``$topN`` and
+``$firstN`` is asked again with ``$push``). Where the window meets several periods, each is
+asked once more for the groups taken, with their actors' ids, so a group's actors are counted
+as one set (and where one period's rank stopped short of a group taken, for its part there);
+where a group's newest items there repeat an actor, once more for its newest actors. With
+pulled senders, each such cluster also returns the pulled senders' entries in that window (an
+outbox ``find`` and an ``aggregate`` of their copies): those are a few authors' posts, counted
+here, each post once as a page serves it once. A window used up before the page is full costs
+a one-item page to find the next window (a page that fills as its window is used up leaves
+that to the next page). Last, at once: one ``find`` per cluster holding some of the page's
+newest items reads them whole (by id: a group row carries positions, never items, which
+together could pass 16 MiB), and one ``find`` per cluster from the newest down to the oldest
+group's newest item reads the read marks.
 
 **Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
 group, read_time, read_key}`` in ``seen`` (:func:`~router.core.seen.read_mark_documents`: no
@@ -30,7 +35,7 @@ so the highest survives, on servers that lose concurrent updates of one document
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,10 +43,11 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position
-from ..errors import GroupsUnsupported
+from ..errors import GroupsUnsupported, RequestRefused
 from ..model import FeedItem
 from ..timemap import ReadWindow, TimeMap
 from .groups import (
+    ACTORS_COUNTED,
     Group,
     GroupBy,
     GroupCursor,
@@ -165,13 +171,48 @@ class _Ranked:
         return ident(self.values)
 
 
-def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position, limit: int,
-          pulled: Mapping[Hashable, list[FeedItem]], window: int) -> Program[list[_Ranked]]:
-    """The window's groups newest first by their newest item at or below *ceiling*: at least the *limit* newest."""
-    match = _copies(plan, ceiling)
-    programs = [_one(grouping.rank(layout_for(plan.timemap, c), c, plan.receiver_id, start, end, match, plan.by.fields,
-                                   limit, plan.deadline)) for c in clusters]
-    answers = yield Concurrently(programs, list(clusters))
+@attrs.frozen
+class _Counted:
+    """A group of the page before its newest items are read: its counts, and its newest actors' newest items, by
+    position (copies, read whole at the end of the page, from the clusters :attr:`where` names) or whole (pulled)."""
+
+    count: int
+    actors: int
+    capped: bool
+    first: datetime
+    newest: tuple[grouping.Newest | FeedItem, ...]
+    where: Mapping[ObjectId, str]
+
+
+def _fast_or_slow(request: Callable[[bool], Aggregate]) -> Program[Any]:
+    """*request* with ``$topN`` and ``$firstN``, or (on a server that does not know them) without."""
+    answer = yield request(True)
+    if isinstance(answer, Failure) and answer.kind == "unsupported":
+        answer = yield request(False)
+    return _answer(answer)
+
+
+def _summarise(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
+               taken: Sequence[_Ranked] | None, limit: int | None) -> Program[list[list[grouping.Summary]]]:
+    """Each cluster's summaries of its groups in ``[start, end)`` at or below *ceiling*, one aggregate each: of the
+    *limit* groups with the newest items (a rank), or of the groups *taken*, with their actors' ids (to count a group
+    that spans periods as one set)."""
+    match = _copies(plan, ceiling, [t.values for t in taken] if taken is not None else None)
+
+    def summarised(cluster: str) -> Program[list[grouping.Summary]]:
+        layout = layout_for(plan.timemap, cluster)
+        rows = yield from _fast_or_slow(lambda fast: grouping.summaries(
+            layout, cluster, plan.receiver_id, start, end, match, plan.by.fields, newest=plan.newest,
+            sample=ACTORS_COUNTED, limit=limit, ids=taken is not None, fast=fast, deadline=plan.deadline))
+        return grouping.summary_rows(rows, plan.by.fields)
+
+    answers = yield Concurrently([summarised(c) for c in clusters], list(clusters))
+    return list(answers)
+
+
+def _rank(plan: GroupPlan, summaries: Sequence[Sequence[grouping.Summary]], pulled: Mapping[Hashable, list[FeedItem]],
+          window: int) -> list[_Ranked]:
+    """The window's groups newest first by their newest item, from each cluster's rank and the pulled items."""
     last: dict[Hashable, tuple[tuple[Any, ...], tuple[datetime, bytes]]] = {}
 
     def newer(values: tuple[Any, ...], mine: tuple[datetime, bytes]) -> None:
@@ -179,9 +220,9 @@ def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: dateti
         if group not in last or last[group][1] < mine:
             last[group] = (values, mine)
 
-    for answer in answers:
-        for values, newest in grouping.rank_rows(_answer(answer), plan.by.fields):
-            newer(values, position_key(newest))
+    for rows in summaries:
+        for row in rows:
+            newer(row.values, position_key(row.last))
     for items in pulled.values():
         newer(plan.by.values_of(items[0]), max((i.event_time, i.id.binary) for i in items))  # type: ignore[union-attr]
     ranked = [_Ranked(v, group_key(plan.by, v, window), Position(t, ObjectId(b))) for v, (t, b) in last.values()]
@@ -189,67 +230,64 @@ def _rank(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: dateti
     return ranked
 
 
-def _details(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
-             taken: Sequence[_Ranked], pulled: Mapping[Hashable, list[FeedItem]]) -> Program[list[grouping.Detail]]:
-    """Counts, first time and newest actors of each group *taken*, each item counted once: one aggregate per cluster
-    (two on a server without ``$topN``), and one more listing the actors where the window meets several periods."""
+def _count(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
+           taken: Sequence[_Ranked], parts: Sequence[Sequence[grouping.Summary]],
+           pulled: Mapping[Hashable, list[FeedItem]]) -> Program[list[_Counted]]:
+    """The counts of each group *taken* from its clusters' summaries and its pulled items, each item counted once;
+    where a group's newest items in a cluster repeat an actor, one more aggregate there for its newest actors."""
+    by_group: dict[Hashable, list[tuple[str, grouping.Summary]]] = {}
+    for cluster, rows in zip(clusters, parts):
+        for row in rows:
+            by_group.setdefault(ident(row.values), []).append((cluster, row))
+    again: dict[str, list[_Ranked]] = {}
+    for t in taken:
+        for cluster, row in by_group.get(t.group, []):
+            if row.count > len(row.newest) and len({ident(n.sender_id) for n in row.newest}) < plan.newest:
+                again.setdefault(cluster, []).append(t)
+    fixed: dict[tuple[str, Hashable], tuple[grouping.Newest, ...]] = {}
+    if again:
+        names = list(again)
+        answers = yield Concurrently([_newest_actors(plan, c, start, end, ceiling, again[c]) for c in names], names)
+        for cluster, rows in zip(names, answers):
+            fixed.update({(cluster, ident(values)): newest for values, newest in rows})
     spans = len(clusters) > 1  # a group may then hold items in several periods: count its actors as one set
-    match = _copies(plan, ceiling, [t.values for t in taken])
-    programs = [_counted(plan, c, start, end, match) for c in clusters]
-    if spans:
-        programs += [_one(grouping.actors(layout_for(plan.timemap, c), c, plan.receiver_id, start, end, match,
-                                          plan.by.fields, plan.deadline)) for c in clusters]
-    answers = yield Concurrently(programs, list(clusters) * (2 if spans else 1))
-    parts: dict[Hashable, list[grouping.Detail]] = {}
-    for answer in answers[:len(clusters)]:
-        for values, detail in answer:
-            parts.setdefault(ident(values), []).append(detail)
-    actor_sets: dict[Hashable, set[Hashable]] = {}
-    for answer in answers[len(clusters):]:
-        for values, actor in grouping.actor_rows(_answer(answer), plan.by.fields):
-            actor_sets.setdefault(ident(values), set()).add(ident(actor))
     out = []
     for t in taken:
-        mine = parts.get(t.group, [])
-        count = sum(d.count for d in mine)
-        actors = len(actor_sets.get(t.group, ())) if spans else sum(d.actors for d in mine)
-        firsts = [d.first for d in mine]
-        items = [i for d in mine for i in d.items]
+        mine = by_group.get(t.group, [])
+        count = sum(row.count for _, row in mine)
+        if spans:
+            actors = len({ident(a) for _, row in mine for a in row.ids or ()})
+        else:
+            actors = sum(row.actors for _, row in mine)
+        firsts = [row.first for _, row in mine]
+        where = {n.id: cluster for cluster, row in mine for n in fixed.get((cluster, t.group), row.newest)}
+        candidates: list[grouping.Newest | FeedItem] = [
+            n for cluster, row in mine for n in fixed.get((cluster, t.group), row.newest)]
         pulled_items = pulled.get(t.group, [])
         if pulled_items:  # pulled senders are not among the copies counted above: their actors are others
             count += len(pulled_items)
             actors += len({ident(i.sender_id) for i in pulled_items})
             firsts.append(min(i.event_time for i in pulled_items))
-        out.append(grouping.Detail(count, actors, min(firsts, default=t.last.event_time),
-                                   newest_actors(items + pulled_items, plan.newest)))
+            candidates += pulled_items
+        out.append(_Counted(count, actors, any(row.sampled < row.count for _, row in mine),
+                            min(firsts, default=t.last.event_time), newest_actors(candidates, plan.newest), where))
     return out
 
 
-def _counted(plan: GroupPlan, cluster: str, start: datetime, end: datetime,
-             match: Mapping[str, Any]) -> Program[list[tuple[tuple[Any, ...], grouping.Detail]]]:
-    """The details of one cluster: with ``$topN``, or (on a server that does not know it) with ``$push``."""
+def _newest_actors(plan: GroupPlan, cluster: str, start: datetime, end: datetime, ceiling: Position,
+                   groups: Sequence[_Ranked]) -> Program[list[tuple[tuple[Any, ...], tuple[grouping.Newest, ...]]]]:
     layout = layout_for(plan.timemap, cluster)
-
-    def request(top_n: bool) -> Aggregate:
-        return grouping.details(layout, cluster, plan.receiver_id, start, end, match, plan.by.fields, plan.newest,
-                                top_n=top_n, deadline=plan.deadline)
-
-    answer = yield request(True)
-    if isinstance(answer, Failure) and answer.kind == "unsupported":
-        answer = yield request(False)
-    return grouping.detail_rows(_answer(answer), plan.by.fields, plan.receiver_id)
+    match = _copies(plan, ceiling, [g.values for g in groups])
+    rows = yield from _fast_or_slow(lambda fast: grouping.newest_actors(
+        layout, cluster, plan.receiver_id, start, end, match, plan.by.fields, plan.newest, fast=fast,
+        deadline=plan.deadline))
+    return grouping.newest_actor_rows(rows, plan.by.fields)
 
 
-def _read_marks(plan: GroupPlan, keys: Sequence[str], oldest: datetime) -> Program[dict[str, tuple[datetime, bytes]]]:
-    """The highest read mark of each of *keys* (and of every group) at or above *oldest*."""
-    names = [n for n in plan.names() if _ends_after(plan.timemap, n, oldest)]
-    answers = yield Concurrently([_one(read_marks_find(n, plan.receiver_id, keys, oldest, plan.deadline)) for n in names],
-                                 names)
-    marks: dict[str, tuple[datetime, bytes]] = {}
-    for answer in answers:
-        for group, mark in highest_read_marks(_answer(answer)).items():
-            marks[group] = max(marks.get(group, mark), mark)
-    return marks
+def _items(plan: GroupPlan, cluster: str, ids: Sequence[ObjectId]) -> Program[dict[ObjectId, FeedItem]]:
+    """The copies *ids* of *cluster*, whole, by id."""
+    copies = yield from layout_for(plan.timemap, cluster).copies_by_id(cluster, plan.receiver_id, ids, plan.deadline)
+    return {c.id: c.item() for c in _answer(copies)}
 
 
 def _ends_after(timemap: TimeMap, name: str, t: datetime) -> bool:
@@ -269,7 +307,7 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         cursor = GroupCursor(plan.by.fingerprint(plan.types), Position(top.event_time, top.id),
                              plan.by.window_of(top.event_time))
     ceiling, window, served = cursor.ceiling, cursor.window, set(cursor.served)
-    chosen: list[tuple[_Ranked, grouping.Detail, datetime]] = []
+    chosen: list[tuple[_Ranked, _Counted, datetime]] = []
     queried: list[str] = []
     next_cursor: GroupCursor | None = None
     if cursor.below:  # the last page used its window up: the walk goes on in the next window that holds an item
@@ -283,12 +321,20 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         clusters = plan.meeting(start, end, ceiling.event_time)
         queried += [c for c in clusters if c not in queried]
         pulled = (yield from _pulled(plan, clusters, start, end, ceiling)) if plan.pull else {}
-        ranked = yield from _rank(plan, clusters, start, end, ceiling, len(served) + need + 1, pulled, window)
+        want = len(served) + need + 1
+        summaries = yield from _summarise(plan, clusters, start, end, ceiling, None, want)
+        ranked = _rank(plan, summaries, pulled, window)
         fresh = [r for r in ranked if key_hash(r.key) not in served]
         taken = fresh[:need]
         if taken:
-            details = yield from _details(plan, clusters, start, end, ceiling, taken, pulled)
-            chosen += [(t, d, start) for t, d in zip(taken, details)]
+            ranks = {ident(row.values) for row in summaries[0]}
+            whole = len(summaries[0]) < want or all(t.group in ranks for t in taken)
+            # One period's rank that holds every group taken (or every group of the window) counted them already;
+            # over several periods, a group's parts are counted together, their actors as one set.
+            parts = summaries if len(clusters) == 1 and whole else (
+                yield from _summarise(plan, clusters, start, end, ceiling, taken, None))
+            counted = yield from _count(plan, clusters, start, end, ceiling, taken, parts, pulled)
+            chosen += [(t, c, start) for t, c in zip(taken, counted)]
             served.update(key_hash(t.key) for t in taken)
         if len(fresh) > len(taken):  # the window holds more: the next page goes on in it
             next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, frozenset(served))
@@ -300,20 +346,47 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         if below is None:
             break
         window, served = plan.by.window_of(below.event_time), set()
-    marks: dict[str, tuple[datetime, bytes]] = {}
-    if chosen:
-        marks = yield from _read_marks(plan, [t.key for t, _, _ in chosen], min(t.last.event_time for t, _, _ in chosen))
+    items, marks = (yield from _finish(plan, [(t, c) for t, c, _ in chosen])) if chosen else ({}, {})
     everything = marks.get(ALL)
     groups = []
-    for t, d, start in chosen:
+    for t, c, start in chosen:
         newest = position_key(t.last)
         best = max([m for m in (marks.get(t.key), everything) if m is not None], default=None)
         read = best is not None and best >= newest
         seen = marker is not None and newest <= position_key(marker)
-        groups.append(Group(key=t.key, values=t.values, window_start=start, count=d.count, actor_count=d.actors,
-                            items=d.items, first_time=d.first, last_time=t.last.event_time, newest=t.last,
-                            seen=seen, read=read))
+        shown = tuple(n if isinstance(n, FeedItem) else items[n.id] for n in c.newest
+                      if isinstance(n, FeedItem) or n.id in items)  # (a copy deleted meanwhile is not shown)
+        groups.append(Group(key=t.key, values=t.values, window_start=start, count=c.count, actor_count=c.actors,
+                            items=shown, first_time=c.first, last_time=t.last.event_time, newest=t.last,
+                            seen=seen, read=read, actors_capped=c.capped))
     return GroupPage(tuple(groups), encode_group_cursor(next_cursor) if next_cursor else None, tuple(queried))
+
+
+def _finish(plan: GroupPlan, chosen: Sequence[tuple[_Ranked, _Counted]]) -> Program[
+        tuple[dict[ObjectId, FeedItem], dict[str, tuple[datetime, bytes]]]]:
+    """The page's newest items, whole (one find per cluster that holds some), and the highest read mark of each of
+    its groups and of every group (one find per cluster from the newest down to the oldest group's newest item),
+    asked at once."""
+    wanted: dict[str, list[ObjectId]] = {}
+    for _t, c in chosen:
+        for n in c.newest:
+            if isinstance(n, grouping.Newest):
+                wanted.setdefault(c.where[n.id], []).append(n.id)
+    oldest = min(t.last.event_time for t, _ in chosen)
+    names = [n for n in plan.names() if _ends_after(plan.timemap, n, oldest)]
+    keys = [t.key for t, _ in chosen]
+    holders = list(wanted)
+    answers = yield Concurrently(
+        [_items(plan, c, wanted[c]) for c in holders]
+        + [_one(read_marks_find(n, plan.receiver_id, keys, oldest, plan.deadline)) for n in names], holders + names)
+    items: dict[ObjectId, FeedItem] = {}
+    for found in answers[:len(holders)]:
+        items.update(found)
+    marks: dict[str, tuple[datetime, bytes]] = {}
+    for answer in answers[len(holders):]:
+        for group, mark in highest_read_marks(_answer(answer)).items():
+            marks[group] = max(marks.get(group, mark), mark)
+    return items, marks
 
 
 @attrs.frozen
@@ -334,10 +407,11 @@ def mark_read_program(receiver_id: int | str, marks: Sequence[tuple[Mark, str]],
     pairs = {n: [(m.group, m.through) for m in ms] for n, ms in by_cluster.items()}
     outcomes = yield Concurrently([_one(Insert(n, "seen", read_mark_documents(receiver_id, pairs[n]), deadline))
                                    for n in names], names)
-    for outcome in outcomes:
+    for name, outcome in zip(names, outcomes):
         _answer(outcome)
-        if outcome.write_errors:
-            raise RuntimeError(f"a read mark was refused: {outcome.write_errors[0].message}")
+        if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
+            error = outcome.write_errors[0]
+            raise RequestRefused(name, f"a read mark was refused (code {error.code}): {error.message}", code=error.code)
     cleanups = yield Concurrently([_one(read_marks_below(n, receiver_id, pairs[n], deadline)) for n in names], names)
     for name, cleaned in zip(names, cleanups):
         if isinstance(cleaned, Failure):  # the marks are stored; lower ones left are harmless, and go next time

@@ -38,7 +38,7 @@ import struct
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import bson
@@ -50,7 +50,7 @@ from ..errors import InvalidCursor, InvalidItem
 from ..model import FeedItem, from_millis, to_millis
 
 __all__ = [
-    "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
+    "ACTORS_COUNTED", "Acted", "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
     "canonical", "check_group", "decode_group_cursor", "decode_key", "encode_group_cursor", "group_key", "ident",
     "key_hash", "newest_actors", "position_key",
 ]
@@ -61,6 +61,10 @@ MAX_GROUP_PAGE = 100
 MAX_MARKS = 1000
 #: The most newest items (one per actor) a group carries.
 MAX_NEWEST = 10
+#: How many of a group's items (in each period it meets) a page counts distinct actors among: a group with more has
+#: ``actors_capped`` set, and its ``actor_count`` counts the distinct actors of that many of its items (at least so
+#: many act in it). Counting every actor of a huge group cost each page seconds on FerretDB 2 (a ``$group`` per actor).
+ACTORS_COUNTED = 1000
 #: The fields a key may name besides ``data.<path>``.
 _PLAIN_FIELDS = ("type", "sender_id", "data_key")
 _DATA_PATH = re.compile(r"^data(\.[A-Za-z0-9_]+){1,4}$")
@@ -260,11 +264,13 @@ class Group:
     """One group of a receiver's notifications, as a page of groups returns it.
 
     ``count`` items (exact, each item once across periods and pulled outboxes) from
-    ``actor_count`` distinct senders; ``items`` holds the newest item of each of the newest
-    actors (at most ``newest`` of them), newest first; ``first_time``/``last_time`` are its
-    oldest and newest item's times, ``newest`` the position of its newest item (what
-    ``mark_read`` records for a group passed as a value). ``seen``: no item newer than the seen
-    marker; ``read``: marked read since its newest item.
+    ``actor_count`` distinct senders (exact, unless ``actors_capped``: a group of more than
+    :data:`ACTORS_COUNTED` items in a period counts the actors of that many of them there, so
+    it has at least ``actor_count``; show ``others`` as "999+"); ``items`` holds the newest
+    item of each of the newest actors (at most ``newest`` of them), newest first;
+    ``first_time``/``last_time`` are its oldest and newest item's times, ``newest`` the
+    position of its newest item (what ``mark_read`` records for a group passed as a value).
+    ``seen``: no item newer than the seen marker; ``read``: marked read since its newest item.
     """
 
     key: str
@@ -278,6 +284,7 @@ class Group:
     newest: Position
     seen: bool
     read: bool
+    actors_capped: bool = False
 
     @property
     def actors(self) -> tuple[int | str, ...]:
@@ -380,13 +387,33 @@ def position_key(position: Position) -> tuple[datetime, bytes]:
     return position.event_time, position.id.binary
 
 
-def newest_actors(items: Iterable[FeedItem], newest: int) -> tuple[FeedItem, ...]:
+class Acted(Protocol):
+    """An item, or an item known by its position and sender: what :func:`newest_actors` orders."""
+
+    @property
+    def event_time(self) -> datetime: ...
+
+    @property
+    def id(self) -> ObjectId | None: ...
+
+    @property
+    def sender_id(self) -> int | str: ...
+
+
+A = TypeVar("A", bound=Acted)
+
+
+def _order(item: Acted) -> tuple[datetime, bytes]:
+    assert item.id is not None
+    return item.event_time, item.id.binary
+
+
+def newest_actors(items: Iterable[A], newest: int) -> tuple[A, ...]:
     """The newest item of each actor among *items*, newest first, at most *newest* of them."""
-    best: dict[Any, FeedItem] = {}
+    best: dict[Hashable, A] = {}
     for item in items:
-        assert item.id is not None
-        mine = best.get(ident(item.sender_id))
-        if mine is None or (item.event_time, item.id.binary) > (mine.event_time, mine.id.binary):  # type: ignore[union-attr]
-            best[ident(item.sender_id)] = item
-    ordered = sorted(best.values(), key=lambda i: (i.event_time, i.id.binary), reverse=True)  # type: ignore[union-attr]
-    return tuple(ordered[:newest])
+        actor = ident(item.sender_id)
+        mine = best.get(actor)
+        if mine is None or _order(item) > _order(mine):
+            best[actor] = item
+    return tuple(sorted(best.values(), key=_order, reverse=True)[:newest])

@@ -6,12 +6,12 @@ built here, on the stream of copies each layout supplies
 supplies (:func:`.outbox.stream`), and what comes back is read here, as values (a streamed
 copy as a :class:`~.values.Copy`; posts are read by :mod:`.outbox`, as :class:`~.values.Post`):
 
-* :func:`rank`: a window's groups, newest first by their newest item (``$group`` by the
-  key's values, ``$max`` of ``(event_time, _id)``);
-* :func:`details`: of the page's groups, items, distinct actors (a ``$group`` per (group,
-  actor), then per group), first time and the newest item of each of the newest actors
-  (``$topN``, or ``$push`` after ``$sort`` where the server has no ``$topN``);
-* :func:`actors`: the page's groups' actors, to count a group that spans periods as one set;
+* :func:`summaries`: a window's groups (the newest ones, for a page's rank; or the page's
+  groups), one row each from one ``$group`` by the key's values: the newest item's position,
+  items, first time, the newest items by position and sender, and the distinct actors of a
+  sample of its items (their ids too, to count a group that spans periods as one set);
+* :func:`newest_actors`: the newest item of each of a group's newest actors, for a group
+  whose newest items repeat an actor (a ``$group`` per (group, actor));
 * :func:`unseen`: the groups (and windows) of the items newer than a marker;
 * :func:`pulled_copies` and :func:`pulled_posts`: the pulled senders' copies and posts of a
   window, read whole (a few authors' posts) and counted by the caller, each post once.
@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import attrs
+from bson import ObjectId
 
 from ...cursor import Position
 from ...model import FeedItem
@@ -37,8 +38,8 @@ from .base import Layout
 from .queries import newer_than
 from .values import Copy, Post
 
-__all__ = ["Detail", "actor_rows", "actors", "at_or_below", "copy_match", "detail_rows", "details", "pulled_copies",
-           "pulled_items", "pulled_posts", "rank", "rank_rows", "unseen", "unseen_outbox", "unseen_rows"]
+__all__ = ["Newest", "Summary", "at_or_below", "copy_match", "newest_actor_rows", "newest_actors", "pulled_copies",
+           "pulled_items", "pulled_posts", "summaries", "summary_rows", "unseen", "unseen_outbox", "unseen_rows"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 Values = tuple[Any, ...]
@@ -113,68 +114,98 @@ def _stream(layout: Layout, cluster: str, receiver_id: int | str, start: datetim
     return Aggregate(cluster, "feed", layout.copy_stream(receiver_id, start, end, match) + stages, deadline)
 
 
-def rank(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime, match: Mapping[str, Any],
-         fields: Sequence[str], limit: int, deadline: float) -> Aggregate:
-    """The *limit* newest groups of the window ``[start, end)``, each with its newest item's position."""
-    return _stream(layout, cluster, receiver_id, start, end, match, [
-        {"$group": {"_id": _key(fields), "last": {"$max": {"t": "$event_time", "i": "$_id"}}}},
-        {"$sort": {"last.t": -1, "last.i": -1}},
-        {"$limit": limit},
-    ], deadline)
+@attrs.frozen
+class Newest:
+    """One of a group's newest items, by position and sender: the item itself is read by id afterwards
+    (:meth:`Layout.copies_by_id <router.core.layouts.base.Layout.copies_by_id>`), because a row of whole items could
+    pass 16 MiB, which the server refuses."""
 
-
-def rank_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Values, Position]]:
-    """The answer to :func:`rank`: each group's values and the position of its newest item."""
-    return [(_values(r["_id"], fields), Position(r["last"]["t"], r["last"]["i"])) for r in rows]
-
-
-def details(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
-            match: Mapping[str, Any], fields: Sequence[str], newest: int, *, top_n: bool, deadline: float) -> Aggregate:
-    """One row per group of *match*: items, distinct actors, first time, the newest item of each of its *newest*
-    newest actors (``$topN`` with *top_n*; else ``$push`` after ``$sort``, which keeps the order on the servers that
-    have no ``$topN``, and ``$slice``)."""
-    per_actor = {"$group": {"_id": {"k": _key(fields), "s": "$sender_id"}, "n": {"$sum": 1},
-                            "f": {"$min": "$event_time"},
-                            "last": {"$max": {"t": "$event_time", "i": "$_id", "d": "$$ROOT"}}}}
-    sums = {"n": {"$sum": "$n"}, "a": {"$sum": 1}, "f": {"$min": "$f"}}
-    if top_n:
-        top = {"$topN": {"n": newest, "sortBy": {"last.t": -1, "last.i": -1}, "output": "$last"}}
-        stages = [per_actor, {"$group": {"_id": "$_id.k", **sums, "top": top}}]
-    else:
-        stages = [per_actor, {"$sort": {"last.t": -1, "last.i": -1}},
-                  {"$group": {"_id": "$_id.k", **sums, "top": {"$push": "$last"}}},
-                  {"$project": {"n": 1, "a": 1, "f": 1, "top": {"$slice": ["$top", newest]}}}]
-    return _stream(layout, cluster, receiver_id, start, end, match, stages, deadline)
+    event_time: datetime
+    id: ObjectId
+    sender_id: int | str
 
 
 @attrs.frozen
-class Detail:
-    """A group's (or one cluster's part of it): items, distinct actors, first time, the newest item of each of its
-    newest actors."""
+class Summary:
+    """One cluster's part of a group, as :func:`summaries` counts it: its values, its newest item's position, its
+    items, its first time, its newest items (``newest``, newest first), and the distinct actors among the
+    ``sampled`` of its items it looked at (``sampled == count``: every one of them; ``ids``: those actors, where asked).
+    """
 
+    values: Values
+    last: Position
     count: int
-    actors: int
     first: datetime
-    items: tuple[FeedItem, ...]
+    newest: tuple[Newest, ...]
+    actors: int
+    sampled: int
+    ids: tuple[Any, ...] | None
 
 
-def detail_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
-                receiver_id: int | str) -> list[tuple[Values, Detail]]:
-    """The answer to :func:`details`: each group's values and details."""
-    return [(_values(r["_id"], fields), Detail(r["n"], r["a"], r["f"], tuple(_item(x["d"], receiver_id) for x in r["top"])))
-            for r in rows]
+def _newest(t: str, i: str, s: str) -> dict[str, str]:
+    return {"t": t, "i": i, "s": s}
 
 
-def actors(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
-           match: Mapping[str, Any], fields: Sequence[str], deadline: float) -> Aggregate:
-    """One row per (group, actor) of *match*."""
-    return _stream(layout, cluster, receiver_id, start, end, match,
-                   [{"$group": {"_id": {"k": _key(fields), "s": "$sender_id"}}}], deadline)
+def summaries(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
+              match: Mapping[str, Any], fields: Sequence[str], *, newest: int, sample: int, limit: int | None, ids: bool,
+              fast: bool, deadline: float) -> Aggregate:
+    """One row per group of *match* in ``[start, end)`` (:class:`Summary`), from one ``$group`` by key whose every
+    accumulator costs about the same per item: the newest item's position (``$max``), items (``$sum``), first time
+    (``$min``), the *newest* newest items (``$topN``) and the senders of the first *sample* items (``$firstN``, whose
+    distinct ones are counted on the server; listed with *ids*). With *limit*, only the *limit* groups with the newest
+    items (a page's rank). Without *fast* (a server with no ``$topN`` and ``$firstN``): ``$push`` after a ``$sort``,
+    then ``$slice``."""
+    key = _key(fields)
+    last = {"$max": {"t": "$event_time", "i": "$_id"}}
+    counts = {"n": {"$sum": 1}, "f": {"$min": "$event_time"}}
+    item = _newest("$event_time", "$_id", "$sender_id")
+    if fast:
+        stages: list[dict[str, Any]] = [{"$group": {
+            "_id": key, "last": last, **counts,
+            "top": {"$topN": {"n": newest, "sortBy": {"event_time": -1, "_id": -1}, "output": item}},
+            "ids": {"$firstN": {"n": sample, "input": "$sender_id"}}}}]
+    else:
+        stages = [{"$sort": {"event_time": -1, "_id": -1}},
+                  {"$group": {"_id": key, "last": last, **counts, "top": {"$push": item}, "ids": {"$push": "$sender_id"}}}]
+    if limit is not None:
+        stages += [{"$sort": {"last.t": -1, "last.i": -1}}, {"$limit": limit}]
+    sampled = {"$slice": ["$ids", sample]}  # (what $firstN kept already; the $push of a server without it)
+    shown: dict[str, Any] = {"last": 1, "n": 1, "f": 1, "top": {"$slice": ["$top", newest]}, "m": {"$size": sampled},
+                             "a": {"$size": {"$setUnion": [sampled, []]}}}
+    if ids:
+        shown["ids"] = {"$setUnion": [sampled, []]}
+    return _stream(layout, cluster, receiver_id, start, end, match, [*stages, {"$project": shown}], deadline)
 
 
-def actor_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Values, Any]]:
-    """The answer to :func:`actors`: (group values, actor) pairs."""
-    return [(_values(r["_id"]["k"], fields), r["_id"]["s"]) for r in rows]
+def summary_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[Summary]:
+    """The answer to :func:`summaries`."""
+    return [Summary(_values(r["_id"], fields), Position(r["last"]["t"], r["last"]["i"]), r["n"], r["f"],
+                    tuple(Newest(x["t"], x["i"], x["s"]) for x in r["top"]), r["a"], r["m"],
+                    tuple(r["ids"]) if "ids" in r else None) for r in rows]
+
+
+def newest_actors(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
+                  match: Mapping[str, Any], fields: Sequence[str], newest: int, *, fast: bool,
+                  deadline: float) -> Aggregate:
+    """Of each group of *match*, the newest item of each of its *newest* newest actors (a group whose newest items
+    repeat an actor: :func:`summaries` shows its newest items, not its newest actors' items)."""
+    per_actor: dict[str, Any] = {"$group": {"_id": {"k": _key(fields), "s": "$sender_id"},
+                                            "last": {"$max": {"t": "$event_time", "i": "$_id"}}}}
+    item = _newest("$last.t", "$last.i", "$_id.s")
+    stages: list[dict[str, Any]]
+    if fast:
+        stages = [per_actor, {"$group": {"_id": "$_id.k", "top": {"$topN": {
+            "n": newest, "sortBy": {"last.t": -1, "last.i": -1}, "output": item}}}}]
+    else:
+        stages = [per_actor, {"$sort": {"last.t": -1, "last.i": -1}},
+                  {"$group": {"_id": "$_id.k", "top": {"$push": item}}},
+                  {"$project": {"top": {"$slice": ["$top", newest]}}}]
+    return _stream(layout, cluster, receiver_id, start, end, match, stages, deadline)
+
+
+def newest_actor_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Values, tuple[Newest, ...]]]:
+    """The answer to :func:`newest_actors`: each group's values and its newest actors' newest items."""
+    return [(_values(r["_id"], fields), tuple(Newest(x["t"], x["i"], x["s"]) for x in r["top"])) for r in rows]
 
 
 def _unseen_stages(fields: Sequence[str], span_ms: int, limit: int) -> list[dict[str, Any]]:
