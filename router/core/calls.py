@@ -29,7 +29,8 @@ from .erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, s
 from .export import ExportPlan, ExportSummary, Sink, export_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
 from .fence import NEVER, read_fences
-from .group_reads import ALL, GroupPlan, Mark, groups_program, mark_read_program, unseen_groups_program
+from .group_marks import ALL, Mark, mark_read_program, unseen_groups_program
+from .group_reads import GroupPlan, groups_program
 from .groups import (
     DEFAULT_GROUP_BY,
     MAX_GROUP_PAGE,

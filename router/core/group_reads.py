@@ -1,17 +1,22 @@
 """Grouped reads as programs: a page of groups, the unseen-groups badge, and marking groups read.
 
 **A page** (:func:`groups_program`): the seen marker (one ``find`` per cluster, newest first,
-until one has it); on the walk's first page, the newest item (a one-item page of
-:func:`~router.core.reads.read_program`) is the ceiling and names the first window. For each
+until one has it); on the walk's first page, the walk's first items (a page of
+:func:`~router.core.reads.read_program` in the newest period: twice the groups asked times the
+newest actors shown, which costs FerretDB 2 about what one item does) give the ceiling (the
+newest item), name the first window, and show most groups' newest actors (in each group, its
+newest items come first). For each
 window the page takes, every cluster whose period meets the window (and has started) is asked
 once to *rank and count* the window's groups (one ``aggregate``, one ``$group`` by key: of the
 groups served so far in that window plus the ones still missing plus one, their newest items,
-items, first times, newest items by position and sender, and the distinct actors of up to
-:data:`~router.core.groups.ACTORS_COUNTED` of their items; a server without ``$topN`` and
-``$firstN`` is asked again with ``$push``). Where the window meets several periods, each is
-asked once more for the groups taken, with their actors' ids, so a group's actors are counted
-as one set (and where one period's rank stopped short of a group taken, for its part there);
-where a group's newest items there repeat an actor, once more for its newest actors. With
+items, first times, the distinct actors of up to :data:`~router.core.groups.ACTORS_COUNTED` of
+their items and, past a walk's first page, their newest items by position and sender; a server
+without ``$topN`` and ``$firstN`` is asked again with ``$push``). Where the window meets
+several periods, each is asked once more for the groups taken, with their actors' ids, so a
+group's actors are counted as one set (and where one period's rank stopped short of a group
+taken, for its part there); on a walk's first page, once more for the newest items of the
+groups its first items do not show; where a group's newest items repeat an actor, once more
+for its newest actors. With
 pulled senders, each such cluster also returns the pulled senders' entries in that window (an
 outbox ``find`` and an ``aggregate`` of their copies): those are a few authors' posts, counted
 here, each post once as a page serves it once. A window used up before the page is full costs
@@ -21,15 +26,7 @@ newest items reads them whole (by id: a group row carries positions, never items
 together could pass 16 MiB), and one ``find`` per cluster from the newest down to the oldest
 group's newest item reads the read marks.
 
-**Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
-group, read_time, read_key}`` in ``seen`` (:func:`~router.core.seen.read_mark_documents`: no
-``event_time``, so the seen markers' queries never meet them), in the cluster owning the
-marked position; ``group`` is the group's key, or ``"*"`` for every group. A group is read
-when a mark of its key or ``"*"`` is at or above its newest item. A mark then deletes the
-same receiver's marks below it for that key (``"*"``: for every key) in its cluster. Two
-devices marking at once each insert their own; a cleanup removes only marks below its own,
-so the highest survives, on servers that lose concurrent updates of one document too
-(FerretDB v1).
+Read marks and the unseen-groups badge are :mod:`router.core.group_marks`'s.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position
-from ..errors import GroupsUnsupported, RequestRefused
+from ..errors import GroupsUnsupported
 from ..model import FeedItem
 from ..timemap import ReadWindow, TimeMap
 from .groups import (
@@ -52,7 +49,6 @@ from .groups import (
     GroupBy,
     GroupCursor,
     GroupPage,
-    UnseenGroups,
     encode_group_cursor,
     group_key,
     ident,
@@ -60,13 +56,14 @@ from .groups import (
     newest_actors,
     position_key,
 )
-from .layouts import grouping, layout_for, outbox
+from .layouts import grouping, layout_for
 from .reads import ReadPlan, read_program
+from .settings import MAX_PAGE
 from .seen import ALL_GROUPS as ALL
-from .seen import highest_read_marks, marker_program, read_mark_documents, read_marks_below, read_marks_find
-from .steps import Aggregate, Concurrently, Failure, Insert, InsertOutcome, Program, Request
+from .seen import highest_read_marks, marker_program, read_marks_find
+from .steps import Aggregate, Concurrently, Failure, InsertOutcome, Program, Request
 
-__all__ = ["ALL", "GroupPlan", "Mark", "groups_program", "mark_read_program", "unseen_groups_program"]
+__all__ = ["GroupPlan", "answer_of", "groups_program", "one"]
 
 log = logging.getLogger(__name__)
 _TOP = ObjectId(b"\xff" * 12)
@@ -101,7 +98,8 @@ class GroupPlan:
         return [n for n in names if ends.get(n) is None or ends[n] > start]  # type: ignore[operator]
 
 
-def _answer(answer: Any) -> Any:
+def answer_of(answer: Any) -> Any:
+    """*answer* as a value: a failure raised (a server that cannot group as :class:`GroupsUnsupported`)."""
     if isinstance(answer, Failure):
         if answer.kind == "unsupported":
             raise GroupsUnsupported(answer.error.cluster, str(answer.error).split(": ", 1)[-1]) from answer.error
@@ -112,13 +110,22 @@ def _answer(answer: Any) -> Any:
     return answer
 
 
-def _locate(plan: GroupPlan, below: datetime | None) -> Program[FeedItem | None]:
-    """The newest item of the receiver's feed (below *below*, when given): a one-item page with the same pull and types."""
+def _locate(plan: GroupPlan, below: datetime | None, limit: int = 1, periods: int | None = None) -> Program[list[FeedItem]]:
+    """The newest item of the receiver's feed (below *below*, when given), or its *limit* newest in at most *periods*
+    periods: a page with the same pull and types."""
     state = CursorState() if below is None else CursorState(position=Position(below - timedelta(milliseconds=1), _TOP))
     page = yield from read_program(ReadPlan(
-        receiver_id=plan.receiver_id, limit=1, state=state, timemap=plan.timemap, now=plan.now, window=plan.window,
-        on_unavailable="raise", deadline=plan.deadline, pull=plan.pull, types=plan.types, deployments=plan.deployments))
-    return page.items[0] if page.items else None
+        receiver_id=plan.receiver_id, limit=limit, state=state, timemap=plan.timemap, now=plan.now, window=plan.window,
+        on_unavailable="raise", deadline=plan.deadline, pull=plan.pull, types=plan.types, deployments=plan.deployments,
+        max_periods=periods))
+    return list(page.items)
+
+
+def _sample_size(plan: GroupPlan) -> int:
+    """How many of the receiver's newest items a walk's first page reads (in the newest period only): about as costly
+    as one item on a server that sorts a receiver's items for any page (FerretDB 2), and enough to show most groups'
+    newest actors."""
+    return min(MAX_PAGE, 2 * plan.limit * plan.newest)
 
 
 def _copies(plan: GroupPlan, ceiling: Position | None,
@@ -136,13 +143,13 @@ def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: date
     programs: list[Program[Any]] = []
     for name in clusters:
         layout = layout_for(plan.timemap, name)
-        programs += [_one(grouping.pulled_copies(layout, name, plan.receiver_id, start, end, plan.pull, plan.types,
+        programs += [one(grouping.pulled_copies(layout, name, plan.receiver_id, start, end, plan.pull, plan.types,
                                                  ceiling, plan.deadline)),
                      grouping.pulled_posts(name, plan.pull, plan.types, start, end, ceiling, plan.deadline)]
     answers = yield Concurrently(programs, [n for n in clusters for _ in range(2)])
     found: dict[tuple[datetime, bytes], FeedItem] = {}
     for i in range(0, len(answers), 2):
-        for where, item, own in grouping.pulled_items(_answer(answers[i]), _answer(answers[i + 1]), plan.receiver_id,
+        for where, item, own in grouping.pulled_items(answer_of(answers[i]), answer_of(answers[i + 1]), plan.receiver_id,
                                                       ceiling):
             if own:
                 found[where] = item  # the receiver's own copy wins, as on a page
@@ -154,7 +161,8 @@ def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: date
     return by_group
 
 
-def _one(request: Request) -> Program[Any]:
+def one(request: Request) -> Program[Any]:
+    """A program of one request, answered with its answer."""
     answer = yield request
     return answer
 
@@ -189,20 +197,21 @@ def _fast_or_slow(request: Callable[[bool], Aggregate]) -> Program[Any]:
     answer = yield request(True)
     if isinstance(answer, Failure) and answer.kind == "unsupported":
         answer = yield request(False)
-    return _answer(answer)
+    return answer_of(answer)
 
 
 def _summarise(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
-               taken: Sequence[_Ranked] | None, limit: int | None) -> Program[list[list[grouping.Summary]]]:
+               taken: Sequence[_Ranked] | None, limit: int | None, *, tops: bool) -> Program[list[list[grouping.Summary]]]:
     """Each cluster's summaries of its groups in ``[start, end)`` at or below *ceiling*, one aggregate each: of the
     *limit* groups with the newest items (a rank), or of the groups *taken*, with their actors' ids (to count a group
-    that spans periods as one set)."""
+    that spans periods as one set); with *tops*, their newest items too (the costliest part on FerretDB 2: a walk's
+    first page reads them from its sample instead)."""
     match = _copies(plan, ceiling, [t.values for t in taken] if taken is not None else None)
 
     def summarised(cluster: str) -> Program[list[grouping.Summary]]:
         layout = layout_for(plan.timemap, cluster)
         rows = yield from _fast_or_slow(lambda fast: grouping.summaries(
-            layout, cluster, plan.receiver_id, start, end, match, plan.by.fields, newest=plan.newest,
+            layout, cluster, plan.receiver_id, start, grouping.through(end, ceiling), match, plan.by.fields, newest=plan.newest if tops else 0,
             sample=ACTORS_COUNTED, limit=limit, ids=taken is not None, fast=fast, deadline=plan.deadline))
         return grouping.summary_rows(rows, plan.by.fields)
 
@@ -232,24 +241,35 @@ def _rank(plan: GroupPlan, summaries: Sequence[Sequence[grouping.Summary]], pull
 
 def _count(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime, ceiling: Position,
            taken: Sequence[_Ranked], parts: Sequence[Sequence[grouping.Summary]],
-           pulled: Mapping[Hashable, list[FeedItem]]) -> Program[list[_Counted]]:
-    """The counts of each group *taken* from its clusters' summaries and its pulled items, each item counted once;
-    where a group's newest items in a cluster repeat an actor, one more aggregate there for its newest actors."""
+           pulled: Mapping[Hashable, list[FeedItem]], sample: Sequence[FeedItem] | None) -> Program[list[_Counted]]:
+    """The counts of each group *taken* from its clusters' summaries and its pulled items, each item counted once,
+    and its newest actors' items: from the *sample* (the walk's first items, newest first: in each group, its newest
+    ones) where it shows enough actors or all the group's items, else from its newest items in each cluster (the
+    summaries', or on a walk's first page one more aggregate's); where those repeat an actor and the group holds
+    more, one more aggregate for its newest actors."""
     by_group: dict[Hashable, list[tuple[str, grouping.Summary]]] = {}
     for cluster, rows in zip(clusters, parts):
         for row in rows:
             by_group.setdefault(ident(row.values), []).append((cluster, row))
+    shown: dict[Hashable, list[FeedItem]] = {}
+    newest: dict[tuple[str, Hashable], tuple[grouping.Newest, ...]] = {
+        (c, g): row.newest for g, mine in by_group.items() for c, row in mine}
+    if sample is not None:
+        shown, unsampled = _from_sample(plan, start, taken, by_group, pulled, sample)
+        holders = [c for c in clusters if any(h == c for t in unsampled for h, _ in by_group.get(t.group, ()))]
+        if holders:  # their newest items, by $topN in each cluster that holds some
+            tops = yield from _summarise(plan, holders, start, end, ceiling, unsampled, None, tops=True)
+            newest.update({(c, ident(row.values)): row.newest for c, rows in zip(holders, tops) for row in rows})
     again: dict[str, list[_Ranked]] = {}
     for t in taken:
-        for cluster, row in by_group.get(t.group, []):
-            if row.count > len(row.newest) and len({ident(n.sender_id) for n in row.newest}) < plan.newest:
+        for cluster, row in () if t.group in shown else by_group.get(t.group, ()):
+            tops_here = newest[(cluster, t.group)]
+            if row.count > len(tops_here) and len({ident(n.sender_id) for n in tops_here}) < plan.newest:
                 again.setdefault(cluster, []).append(t)
-    fixed: dict[tuple[str, Hashable], tuple[grouping.Newest, ...]] = {}
     if again:
         names = list(again)
         answers = yield Concurrently([_newest_actors(plan, c, start, end, ceiling, again[c]) for c in names], names)
-        for cluster, rows in zip(names, answers):
-            fixed.update({(cluster, ident(values)): newest for values, newest in rows})
+        newest.update({(c, ident(values)): items for c, rows in zip(names, answers) for values, items in rows})
     spans = len(clusters) > 1  # a group may then hold items in several periods: count its actors as one set
     out = []
     for t in taken:
@@ -260,18 +280,42 @@ def _count(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datet
         else:
             actors = sum(row.actors for _, row in mine)
         firsts = [row.first for _, row in mine]
-        where = {n.id: cluster for cluster, row in mine for n in fixed.get((cluster, t.group), row.newest)}
-        candidates: list[grouping.Newest | FeedItem] = [
-            n for cluster, row in mine for n in fixed.get((cluster, t.group), row.newest)]
+        where = {n.id: cluster for cluster, _ in mine for n in newest[(cluster, t.group)]}
+        candidates: list[grouping.Newest | FeedItem] = [n for cluster, _ in mine for n in newest[(cluster, t.group)]]
         pulled_items = pulled.get(t.group, [])
         if pulled_items:  # pulled senders are not among the copies counted above: their actors are others
             count += len(pulled_items)
             actors += len({ident(i.sender_id) for i in pulled_items})
             firsts.append(min(i.event_time for i in pulled_items))
             candidates += pulled_items
+        if t.group in shown:  # (the sample holds pulled items as a page serves them)
+            candidates = list(shown[t.group])
         out.append(_Counted(count, actors, any(row.sampled < row.count for _, row in mine),
                             min(firsts, default=t.last.event_time), newest_actors(candidates, plan.newest), where))
     return out
+
+
+def _from_sample(plan: GroupPlan, start: datetime, taken: Sequence[_Ranked],
+                 by_group: Mapping[Hashable, Sequence[tuple[str, grouping.Summary]]],
+                 pulled: Mapping[Hashable, list[FeedItem]],
+                 sample: Sequence[FeedItem]) -> tuple[dict[Hashable, list[FeedItem]], list[_Ranked]]:
+    """Of the groups *taken*, those whose newest actors the *sample* shows (it holds their newest items: as many
+    actors as a group shows, or every item of it), with their items in it; and the others."""
+    window = plan.by.window_of(start)
+    sampled: dict[Hashable, list[FeedItem]] = {}
+    for item in sample:
+        if plan.by.window_of(item.event_time) == window:
+            sampled.setdefault(ident(plan.by.values_of(item)), []).append(item)
+    shown: dict[Hashable, list[FeedItem]] = {}
+    others: list[_Ranked] = []
+    for t in taken:
+        mine = sampled.get(t.group, [])
+        total = sum(row.count for _, row in by_group.get(t.group, ())) + len(pulled.get(t.group, ()))
+        if len(mine) == total or len({ident(i.sender_id) for i in mine}) >= plan.newest:
+            shown[t.group] = mine
+        else:
+            others.append(t)
+    return shown, others
 
 
 def _newest_actors(plan: GroupPlan, cluster: str, start: datetime, end: datetime, ceiling: Position,
@@ -279,7 +323,7 @@ def _newest_actors(plan: GroupPlan, cluster: str, start: datetime, end: datetime
     layout = layout_for(plan.timemap, cluster)
     match = _copies(plan, ceiling, [g.values for g in groups])
     rows = yield from _fast_or_slow(lambda fast: grouping.newest_actors(
-        layout, cluster, plan.receiver_id, start, end, match, plan.by.fields, plan.newest, fast=fast,
+        layout, cluster, plan.receiver_id, start, grouping.through(end, ceiling), match, plan.by.fields, plan.newest, fast=fast,
         deadline=plan.deadline))
     return grouping.newest_actor_rows(rows, plan.by.fields)
 
@@ -287,7 +331,7 @@ def _newest_actors(plan: GroupPlan, cluster: str, start: datetime, end: datetime
 def _items(plan: GroupPlan, cluster: str, ids: Sequence[ObjectId]) -> Program[dict[ObjectId, FeedItem]]:
     """The copies *ids* of *cluster*, whole, by id."""
     copies = yield from layout_for(plan.timemap, cluster).copies_by_id(cluster, plan.receiver_id, ids, plan.deadline)
-    return {c.id: c.item() for c in _answer(copies)}
+    return {c.id: c.item() for c in answer_of(copies)}
 
 
 def _ends_after(timemap: TimeMap, name: str, t: datetime) -> bool:
@@ -299,10 +343,14 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
     """One page of groups newest first (see the module docstring for what it asks)."""
     marker, _at = yield from marker_program(plan.receiver_id, plan.names(), deadline=plan.deadline)
     cursor = plan.cursor
+    sample: list[FeedItem] | None = None  # the walk's first items, on its first page
     if cursor is None:
-        top = yield from _locate(plan, None)
-        if top is None:
+        sample = yield from _locate(plan, None, _sample_size(plan), periods=1)
+        if not sample:  # nothing in the newest period: the newest item is older (a prefix, too: of one item)
+            sample = yield from _locate(plan, None)
+        if not sample:
             return GroupPage((), None)
+        top = sample[0]
         assert top.id is not None
         cursor = GroupCursor(plan.by.fingerprint(plan.types), Position(top.event_time, top.id),
                              plan.by.window_of(top.event_time))
@@ -312,9 +360,9 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
     next_cursor: GroupCursor | None = None
     if cursor.below:  # the last page used its window up: the walk goes on in the next window that holds an item
         below = yield from _locate(plan, plan.by.window_bounds(window)[0])
-        if below is None:
+        if not below:
             return GroupPage((), None)
-        window = plan.by.window_of(below.event_time)
+        window = plan.by.window_of(below[0].event_time)
     while True:
         need = plan.limit - len(chosen)
         start, end = plan.by.window_bounds(window)
@@ -322,7 +370,7 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
         queried += [c for c in clusters if c not in queried]
         pulled = (yield from _pulled(plan, clusters, start, end, ceiling)) if plan.pull else {}
         want = len(served) + need + 1
-        summaries = yield from _summarise(plan, clusters, start, end, ceiling, None, want)
+        summaries = yield from _summarise(plan, clusters, start, end, ceiling, None, want, tops=sample is None)
         ranked = _rank(plan, summaries, pulled, window)
         fresh = [r for r in ranked if key_hash(r.key) not in served]
         taken = fresh[:need]
@@ -332,8 +380,8 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
             # One period's rank that holds every group taken (or every group of the window) counted them already;
             # over several periods, a group's parts are counted together, their actors as one set.
             parts = summaries if len(clusters) == 1 and whole else (
-                yield from _summarise(plan, clusters, start, end, ceiling, taken, None))
-            counted = yield from _count(plan, clusters, start, end, ceiling, taken, parts, pulled)
+                yield from _summarise(plan, clusters, start, end, ceiling, taken, None, tops=sample is None))
+            counted = yield from _count(plan, clusters, start, end, ceiling, taken, parts, pulled, sample)
             chosen += [(t, c, start) for t, c in zip(taken, counted)]
             served.update(key_hash(t.key) for t in taken)
         if len(fresh) > len(taken):  # the window holds more: the next page goes on in it
@@ -343,9 +391,9 @@ def groups_program(plan: GroupPlan) -> Program[GroupPage]:
             next_cursor = GroupCursor(cursor.fingerprint, ceiling, window, below=True)  # carries a cursor)
             break
         below = yield from _locate(plan, start)
-        if below is None:
+        if not below:
             break
-        window, served = plan.by.window_of(below.event_time), set()
+        window, served = plan.by.window_of(below[0].event_time), set()
     items, marks = (yield from _finish(plan, [(t, c) for t, c, _ in chosen])) if chosen else ({}, {})
     everything = marks.get(ALL)
     groups = []
@@ -378,76 +426,12 @@ def _finish(plan: GroupPlan, chosen: Sequence[tuple[_Ranked, _Counted]]) -> Prog
     holders = list(wanted)
     answers = yield Concurrently(
         [_items(plan, c, wanted[c]) for c in holders]
-        + [_one(read_marks_find(n, plan.receiver_id, keys, oldest, plan.deadline)) for n in names], holders + names)
+        + [one(read_marks_find(n, plan.receiver_id, keys, oldest, plan.deadline)) for n in names], holders + names)
     items: dict[ObjectId, FeedItem] = {}
     for found in answers[:len(holders)]:
         items.update(found)
     marks: dict[str, tuple[datetime, bytes]] = {}
     for answer in answers[len(holders):]:
-        for group, mark in highest_read_marks(_answer(answer)).items():
+        for group, mark in highest_read_marks(answer_of(answer)).items():
             marks[group] = max(marks.get(group, mark), mark)
     return items, marks
-
-
-@attrs.frozen
-class Mark:
-    """One read mark to record: a group's key (or ``"*"``) read through *through*."""
-
-    group: str
-    through: Position
-
-
-def mark_read_program(receiver_id: int | str, marks: Sequence[tuple[Mark, str]], *, deadline: float) -> Program[int]:
-    """Insert *marks* (each in the cluster paired with it: the owner of its own position), then delete the marks they
-    make redundant."""
-    by_cluster: dict[str, list[Mark]] = {}
-    for m, cluster in marks:
-        by_cluster.setdefault(cluster, []).append(m)
-    names = list(by_cluster)
-    pairs = {n: [(m.group, m.through) for m in ms] for n, ms in by_cluster.items()}
-    outcomes = yield Concurrently([_one(Insert(n, "seen", read_mark_documents(receiver_id, pairs[n]), deadline))
-                                   for n in names], names)
-    for name, outcome in zip(names, outcomes):
-        _answer(outcome)
-        if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
-            error = outcome.write_errors[0]
-            raise RequestRefused(name, f"a read mark was refused (code {error.code}): {error.message}", code=error.code)
-    cleanups = yield Concurrently([_one(read_marks_below(n, receiver_id, pairs[n], deadline)) for n in names], names)
-    for name, cleaned in zip(names, cleanups):
-        if isinstance(cleaned, Failure):  # the marks are stored; lower ones left are harmless, and go next time
-            log.warning("read marks below the new ones stay for now: %s", cleaned.error, extra={"cluster": name})
-    return len(marks)
-
-
-def unseen_groups_program(plan: GroupPlan, cap: int) -> Program[UnseenGroups]:
-    """How many groups hold an item newer than the seen marker, up to *cap*: per cluster from the newest down to the
-    marker's, one ``aggregate`` of the groups of the copies newer than it (with pulled senders, one of their outbox
-    entries too, and a ``find`` of those in the marker's millisecond), stopping once past *cap*."""
-    names = plan.names()
-    marker, at = yield from marker_program(plan.receiver_id, names, deadline=plan.deadline)
-    found: set[Hashable] = set()
-    queried: list[str] = []
-    for i, name in enumerate(names[: at + 1]):
-        bound = marker if i == at else None
-        fields, span = plan.by.fields, plan.by.span_ms
-        programs = [_one(grouping.unseen(layout_for(plan.timemap, name), name, plan.receiver_id,
-                                         plan.timemap.start_of(name), bound, plan.types, fields, span, cap + 1,
-                                         plan.deadline))]
-        if plan.pull:
-            after = bound.event_time if bound is not None else None
-            programs.append(_one(grouping.unseen_outbox(name, plan.pull, after, plan.types, fields, span, cap + 1,
-                                                        plan.deadline)))
-            if bound is not None:
-                programs.append(outbox.find(name, plan.pull, plan.deadline, types=plan.types, at=bound.event_time))
-        answers = yield Concurrently(programs, [name] * len(programs))
-        queried.append(name)
-        for answer in answers[:2]:
-            found.update(ident(row) for row in grouping.unseen_rows(_answer(answer), plan.by.fields))
-        if len(answers) == 3 and bound is not None:
-            for post in _answer(answers[2]):
-                entry = outbox.pulled_item(post, plan.receiver_id)
-                if entry is not None and (entry[0], entry[1].binary) > position_key(bound):
-                    found.add(ident((*plan.by.values_of(entry[2]), plan.by.window_of(entry[0]))))
-        if len(found) > cap:
-            break
-    return UnseenGroups(min(len(found), cap), len(found) > cap, marker, tuple(queried))

@@ -24,7 +24,8 @@ item does meanwhile (see ``docs/notification-groups.md`` for the rules).
 This module is pure and names no stored field: values, keys, windows and cursors. What a
 grouped read asks a cluster is built in :mod:`router.core.layouts.grouping` (the copies'
 fields are the layouts' to name) and the read marks' documents in :mod:`router.core.seen`
-(their collection's module); the programs are in :mod:`router.core.group_reads`.
+(their collection's module); the programs are in :mod:`router.core.group_reads` (pages) and
+:mod:`router.core.group_marks` (read marks, the badge).
 """
 
 from __future__ import annotations

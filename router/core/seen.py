@@ -247,7 +247,7 @@ def outside(start: datetime | None, end: datetime | None) -> list[tuple[dict[str
              "read_time")]
 
 
-# -- read marks of notification groups (router.core.group_reads) ------------------------------
+# -- read marks of notification groups (router.core.group_marks) ------------------------------
 
 #: The ``group`` of a read mark that marks every group read.
 ALL_GROUPS = "*"
