@@ -115,15 +115,18 @@ def _inbox(plan: ReadPlan, cluster: str, position: Position | None, need: int, d
     return (yield from _layout(plan, cluster).inbox(cluster, plan.receiver_id, position, need, plan.types, deadline))
 
 
+def _fetched(inbox: Inbox) -> _Fetched:
+    """An inbox answer as the walk takes it: its entries, the position after the last, and whether more may follow."""
+    entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
+    last = Position(entries[-1].event_time, entries[-1].key) if entries else None
+    return _Fetched(entries, last, inbox.full)
+
+
 def _inbox_only(
     plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
 ) -> Program[_Fetched | Failure]:
     inbox = yield from _inbox(plan, cluster, position, need, deadline)
-    if isinstance(inbox, Failure):
-        return inbox
-    entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
-    last = Position(entries[-1].event_time, entries[-1].key) if entries else None
-    return _Fetched(entries, last, inbox.full)
+    return inbox if isinstance(inbox, Failure) else _fetched(inbox)
 
 
 def _pulled_entries(plan: ReadPlan, posts: list[Post]) -> list[_Entry]:
@@ -271,8 +274,12 @@ class _Walk:
             return Failure("unavailable", ClusterUnavailable(
                 cluster, f"not asked: its deployment gave no answer for cluster {found!r} in this call"))
         answer = yield from _fetch(self.plan, cluster, position, need, deadline)
+        return self.noted(cluster, answer)
+
+    def noted(self, cluster: str, answer: _Fetched | Failure) -> _Fetched | Failure:
+        """*answer*, its deployment noted down when it gave none."""
         if isinstance(answer, Failure) and answer.cluster_down:
-            self.down.setdefault(deployment, cluster)
+            self.down.setdefault(self.deployment(cluster), cluster)
         return answer
 
     def take(self, cluster: str, fetched: _Fetched) -> None:
@@ -302,9 +309,10 @@ class _Walk:
             if answer.more:
                 self.owed.append((cluster, answer.last))
 
-    def main(self, names: Sequence[str], main: Position | None) -> Program[tuple[Position | None, bool]]:
+    def main(self, names: Sequence[str], main: Position | None,
+             first: Inbox | Failure | None = None) -> Program[tuple[Position | None, bool]]:
         """The walk from *main* over *names*, newest first, in waves; returns the next main position and whether the
-        walk is done.
+        walk is done. *first*: the newest cluster's answer, when it was asked already (:func:`read_program`).
 
         The newest cluster is asked alone. With ``max_periods``, a page that has asked that many and is still not
         full ends there, its cursor just below the last of them (a short page, exact: the walk goes on from there).
@@ -327,7 +335,10 @@ class _Walk:
             i += len(batch)
             deadline = self.deadline(others=self.asking(names[i:]))
             need = self.missing
-            if len(batch) == 1:
+            if first is not None:
+                answers = [self.noted(batch[0], first if isinstance(first, Failure) else _fetched(first))]
+                first = None
+            elif len(batch) == 1:
                 answers = [(yield from self.ask(batch[0], main, need, deadline))]
             else:
                 answers = yield Concurrently([self.ask(c, main, need, deadline) for c in batch], list(batch))
@@ -356,15 +367,24 @@ def read_program(plan: ReadPlan) -> Program[Page]:
     With ``on_unavailable="partial"`` each turn gets its share of the deadline, so a hung cluster leaves time for
     the ones after it (see :mod:`router.core.policy`); a deployment that gave no answer is not asked again in the
     call, for any of its periods. Older clusters are asked in waves (see :meth:`_Walk.main`).
+
+    The common page takes a short path: nothing owed, no pulled senders, and the newest cluster the walk would ask
+    first fills it (:func:`_filled`). Any other answer is handed to the walk, which goes on from there as if it had
+    asked (the same requests, the same page).
     """
     walk = _Walk(plan)
     main, done = plan.state.position, plan.state.done
     names = [] if done else plan.timemap.clusters_for_read(
         now=plan.now, window=plan.window, before=main.event_time if main is not None else None
     )
+    first: Inbox | Failure | None = None
+    if names and not plan.state.pending and not plan.pull:
+        first = yield from _inbox(plan, names[0], main, plan.limit, walk.deadline(others=walk.asking(names[1:])))
+        if not isinstance(first, Failure) and first.full and len(first.entries) == plan.limit:
+            return (yield from _filled(names[0], first))
     yield from walk.pending(plan.state.pending, names)
     if not done:
-        main, done = yield from walk.main(names, main)
+        main, done = yield from walk.main(names, main, first)
     yield Report(Event("read_clusters", len(set(walk.queried))))
     for cluster in walk.unavailable:
         yield Report(Event("partial_read", cluster=cluster))
@@ -376,3 +396,15 @@ def read_program(plan: ReadPlan) -> Program[Page]:
         queried=tuple(walk.queried), partial=bool(walk.unavailable), unavailable=tuple(walk.unavailable),
         pulled=tuple(e.pulled for e in entries),
     )
+
+
+def _filled(cluster: str, inbox: Inbox) -> Program[Page]:
+    """The page *cluster* filled, the newest the walk asks, alone: what the walk makes of it (its entries, the
+    cursor after the last of them), made from the inbox answer without the walk's objects per item."""
+    entries = inbox.entries
+    event_time, key, _ = entries[-1]
+    yield Report(Event("read_clusters", 1))
+    n = len(entries)
+    return Page(items=tuple([item for _t, _key, item in entries]),
+                next_cursor=encode_state(CursorState(position=Position(event_time, key))),
+                sources=(cluster,) * n, queried=(cluster,), pulled=(False,) * n)

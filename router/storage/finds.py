@@ -48,13 +48,14 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
 from pymongo.errors import OperationFailure, PyMongoError
 
-__all__ = ["WHOLE", "Batch", "CursorStuck", "Walk", "read", "read_async", "walk"]
+__all__ = ["WHOLE", "Batch", "CursorStuck", "Walk", "max_time_ms", "read", "read_async", "walk"]
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +182,18 @@ def walk(filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = 
     return once[:limit] if limit else once
 
 
-def _command(coll: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
+def max_time_ms(until: float) -> int:
+    """``maxTimeMS`` for a server that must stop by *until* (a ``time.monotonic()``): at least 1 (0 means no limit)."""
+    return max(1, int((until - time.monotonic()) * 1000))
+
+
+def _command(coll: Any, fields: Mapping[str, Any], until: float | None) -> dict[str, Any]:
     command: dict[str, Any] = {"find": coll.name, **fields}
     concern = coll.read_concern.document
     if concern:
         command["readConcern"] = concern
+    if until is not None:  # each find of the walk gets what is left
+        command["maxTimeMS"] = max_time_ms(until)
     return command
 
 
@@ -196,13 +204,17 @@ def _batch(reply: Mapping[str, Any]) -> tuple[Batch, int]:
 
 
 def read(coll: Any, filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = None, limit: int = 0,
-         projection: Mapping[str, Any] | None = None, moving: bool = False) -> list[Document]:
-    """``find(filter, projection, sort=sort, limit=limit)`` on the pymongo ``Collection`` *coll*, read exactly."""
+         projection: Mapping[str, Any] | None = None, moving: bool = False,
+         until: float | None = None) -> list[Document]:
+    """``find(filter, projection, sort=sort, limit=limit)`` on the pymongo ``Collection`` *coll*, read exactly.
+
+    *moving*: as :func:`walk`. *until*: the ``time.monotonic()`` by which the server must stop each find (sent as
+    ``maxTimeMS``); None sends none (under ``pymongo.timeout``, pymongo sends one)."""
     steps = walk(filter, sort=sort, limit=limit, projection=projection, moving=moving)
     db = coll.database
     fields = next(steps)
     while True:
-        reply = db.command(_command(coll, fields), codec_options=coll.codec_options, read_preference=coll.read_preference)
+        reply = db.command(_command(coll, fields, until), codec_options=coll.codec_options, read_preference=coll.read_preference)
         batch, cursor_id = _batch(reply)
         if cursor_id:
             try:
@@ -217,13 +229,13 @@ def read(coll: Any, filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]
 
 async def read_async(coll: Any, filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = None,
                      limit: int = 0, projection: Mapping[str, Any] | None = None,
-                     moving: bool = False) -> list[Document]:
+                     moving: bool = False, until: float | None = None) -> list[Document]:
     """:func:`read` on a pymongo ``AsyncCollection``."""
     steps = walk(filter, sort=sort, limit=limit, projection=projection, moving=moving)
     db = coll.database
     fields = next(steps)
     while True:
-        reply = await db.command(_command(coll, fields), codec_options=coll.codec_options,
+        reply = await db.command(_command(coll, fields, until), codec_options=coll.codec_options,
                                  read_preference=coll.read_preference)
         batch, cursor_id = _batch(reply)
         if cursor_id:

@@ -28,9 +28,12 @@ __all__ = ["Copies"]
 _OLDEST_FIRST = (("event_time", 1), ("_id", 1))
 
 
-def _item(doc: Mapping[str, Any]) -> FeedItem:
-    return FeedItem(receiver_id=doc["receiver_id"], sender_id=doc["sender_id"], event_time=doc["event_time"],
-                    type=doc["type"], data=doc["data"], data_key=doc["data_key"], id=doc["_id"])
+def _entries(docs: Iterable[Mapping[str, Any]]) -> list[tuple[datetime, ObjectId, FeedItem]]:
+    """Stored copies as a page's entries, ``(event_time, _id, item)``: one comprehension, the item built inline (a
+    call per item was a tenth of a page's work in the core)."""
+    return [(d["event_time"], d["_id"], FeedItem(
+        receiver_id=d["receiver_id"], sender_id=d["sender_id"], event_time=d["event_time"], type=d["type"],
+        data=d["data"], data_key=d["data_key"], id=d["_id"])) for d in docs]
 
 
 # The bulk builders below are the hot paths' (write_many, fan-out): one comprehension a batch, the dict literal
@@ -82,7 +85,7 @@ class Copies(Layout):
                           sort=PAGE_SORT, limit=need)
         if isinstance(docs, Failure):
             return docs
-        return Inbox([(d["event_time"], d["_id"], _item(d)) for d in docs], len(docs) == need)
+        return Inbox(_entries(docs), len(docs) == need)
 
     def newer(self, cluster: str, receiver_id: int | str, bound: Position | None, need: int,
               deadline: float) -> Program[list[tuple[datetime, ObjectId]] | Failure]:
@@ -128,14 +131,14 @@ class Copies(Layout):
                           sort=_OLDEST_FIRST, limit=need)
         if isinstance(docs, Failure):
             return docs
-        return Inbox([(d["event_time"], d["_id"], _item(d)) for d in docs], len(docs) == need)
+        return Inbox(_entries(docs), len(docs) == need)
 
     def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
                   deadline: float) -> Program[FeedItem | None | Failure]:
         docs = yield Find(cluster, "feed", {"data_key": data_key, "sender_id": sender_id}, deadline, limit=1)
         if isinstance(docs, Failure):
             return docs
-        return _item(docs[0]) if docs else None
+        return _entries(docs[:1])[0][2] if docs else None
 
     def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:
         return [
