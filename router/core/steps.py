@@ -29,6 +29,7 @@ import attrs
 
 from ..errors import ClusterUnavailable
 from ..observe import Event
+from .live.push import Push
 
 __all__ = [
     "Aggregate",
@@ -42,6 +43,7 @@ __all__ = [
     "Insert",
     "InsertOutcome",
     "Program",
+    "Push",
     "Refresh",
     "Report",
     "Request",
@@ -240,7 +242,8 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Aggregate | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = (Find | Count | Aggregate | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
+                      | Push)
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 
