@@ -73,7 +73,7 @@ clusters:
   - uri: mongodb://h:3
 """
     assert problems(text) == [
-        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clients, clusters, collections, database, erasure, fanout, read, read_window, refresh_interval, rollover, timeout, write)",
+        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clients, clusters, collections, database, erasure, fanout, push, read, read_window, refresh_interval, rollover, timeout, write)",
         "clusters.yaml:3:25: read_window.clusters: must be at least 1 (got 0)",
         "clusters.yaml:3:37: read_window.max_age: must be a positive duration like 90d, 12h, 4w (got '12x')",
         "clusters.yaml:4:21: write.batch_size: must be an integer (got 'many')",
