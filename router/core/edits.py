@@ -28,6 +28,7 @@ from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
 from .fence import mark_deleted, mark_updated
 from .layouts import EditSettings, Layout, layout_for, outbox
+from .live.push import PushEdit
 from .steps import Concurrently, Program
 
 __all__ = ["EditSettings", "delete_program", "unfollow_program", "update_program"]
@@ -82,6 +83,7 @@ def delete_program(data_key: str, names: Sequence[str], settings: EditSettings, 
         settings, post=(data_key, None),
         fence=lambda cluster: mark_deleted(cluster, data_key, policy=settings.policy, timeout=settings.timeout),
     )
+    yield PushEdit([data_key])  # removed (where a cluster failed, at the call that finishes): live subscribers
     if failed:
         raise DeleteFailed(deleted, failed)
     return deleted
@@ -101,6 +103,7 @@ def update_program(
         settings, post=(data_key, data),
         fence=lambda cluster: mark_updated(cluster, data_key, data, policy=settings.policy, timeout=settings.timeout),
     )
+    yield PushEdit([data_key], data)  # changed: live subscribers
     if failed:
         raise UpdateFailed(updated, failed)
     return updated

@@ -1,0 +1,264 @@
+"""Publishing live-feed pushes to Redis: what a driver does with a core :class:`~router.core.live.push.Push`.
+
+One :class:`Publisher` (``redis.Redis``, for :class:`~router.storage.clusters.Clusters`) or
+:class:`AsyncPublisher` (``redis.asyncio``, for the async storage) per storage, made from the
+``push:`` section. A push is one pipelined round trip: per chunk of members a script that
+looks each member up in the presence set and publishes ``head + body`` to those present
+(:data:`SCRIPT`), and one ``PUBLISH`` per broadcast. Nothing is retried and nothing raises:
+
+* every wait on Redis is bounded by ``push.timeout`` (to connect, then for the answer), and
+  redis-py's own retries are off;
+* after a failure, pushes are skipped (counted ``skipped``) for :data:`PAUSE` seconds, so a
+  Redis that does not answer costs a write at most one ``timeout`` per pause;
+* the first push that reaches Redis again first broadcasts the *gap* message: every subscriber
+  then catches up from storage, so items pushed into the void are still delivered.
+
+Each push is counted (``push``: op, outcome ``ok``/``timeout``/``unavailable``/``failed``/``skipped``,
+its seconds; ``pushed``: messages Redis handed to subscriber processes) and traced
+(``feedrouter.push.<op>``). The URL's password is never logged.
+
+Example::
+
+    publisher = Publisher(config.push, metrics=metrics)
+    publisher.send(PushItems(items, ids))     # None, whatever happened
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..core.live.push import EDITS, GAP, PRESENCE, Messages, Push
+from ..errors import ConfigError, ConfigProblem
+from ..observe import NO_METRICS, Event, Metrics
+from ..observe.tracing import NO_TRACING, Tracing
+from ..pushconfig import PushConfig
+from ..uris import redact_uri
+
+__all__ = ["AsyncPublisher", "PAUSE", "Publisher", "SCRIPT", "redis_options"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds pushes are skipped after one failed.
+PAUSE = 1.0
+#: Members one script call looks up (a batch of more is several calls in the same round trip).
+CHUNK = 1000
+#: KEYS[1]: the presence set; ARGV: prefix, shared body, n, n members, n heads. Publishes ``head .. body`` to each
+#: member whose expiry (the presence set's score, Redis's own clock) is not past; returns the deliveries.
+SCRIPT = """
+local now = tonumber(redis.call('TIME')[1])
+local prefix, body, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local sent = 0
+for i = 1, n, 500 do
+  local j = math.min(i + 499, n)
+  local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3 + i, 3 + j))
+  for k = 1, #scores do
+    local score = scores[k]
+    if score and tonumber(score) >= now then
+      local at = i + k - 1
+      sent = sent + redis.call('PUBLISH', prefix .. ARGV[3 + at], ARGV[3 + n + at] .. body)
+    end
+  end
+end
+return sent
+"""
+SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
+
+
+def redis_options(config: PushConfig) -> dict[str, Any]:
+    """The client options of every Redis client of live feeds: timeouts of ``push.timeout``, no retries of redis-py's
+    own, no decoding (messages are BSON)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    seconds = config.timeout.total_seconds()
+    return {"socket_timeout": seconds, "socket_connect_timeout": seconds, "retry": Retry(NoBackoff(), 0),
+            "health_check_interval": 0}
+
+
+def _need_redis() -> None:
+    try:
+        import redis  # noqa: F401
+    except ImportError:  # pragma: no cover - the test environment has it
+        raise ConfigError([ConfigProblem("<config>", 0, 0, "push", "needs the redis package: pip install "
+                                                                     "'feed-router[live]'")]) from None
+
+
+class _Gate:
+    """Whether to try Redis now, and whether a gap is owed (pushes were skipped or failed since the last one that
+    reached it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until = 0.0
+        self.owed = False
+
+    def open(self) -> bool:
+        with self._lock:
+            if time.monotonic() < self._until:
+                self.owed = True
+                return False
+            return True
+
+    def failed(self) -> bool:
+        """Record a failure; True if it starts a pause (the first of a streak: worth a log line)."""
+        with self._lock:
+            first = not self.owed
+            self._until = time.monotonic() + PAUSE
+            self.owed = True
+            return first
+
+    def reached(self) -> None:
+        with self._lock:
+            self.owed = False
+            self._until = 0.0
+
+
+class _Base:
+    """What both publishers share: the commands of a push, the gate, the metrics and spans."""
+
+    def __init__(self, config: PushConfig, *, metrics: Metrics = NO_METRICS, tracing: Tracing = NO_TRACING) -> None:
+        _need_redis()
+        self.config = config
+        self.metrics = metrics
+        self.tracing = tracing
+        self._gate = _Gate()
+        self._presence = f"{config.prefix}:{PRESENCE}"
+        self._edits = f"{config.prefix}:{EDITS}"
+        self._prefix = f"{config.prefix}:"
+
+    def _commands(self, messages: Messages) -> Iterator[tuple[Any, ...]]:
+        """The commands of one push: the gap first when one is owed, then the scripts, then the broadcasts."""
+        if self._gate.owed:
+            yield "PUBLISH", self._edits, GAP
+        members, heads = messages.members, messages.heads
+        for start in range(0, len(members), CHUNK):
+            part = members[start:start + CHUNK]
+            yield ("EVALSHA", SCRIPT_SHA, 1, self._presence, self._prefix, messages.body, len(part), *part,
+                   *heads[start:start + CHUNK])
+        for raw in messages.broadcast:
+            yield "PUBLISH", self._edits, raw
+
+    def _done(self, push: Push, began: float, results: list[Any] | BaseException) -> None:
+        """Count what a push did (*results*: the pipeline's answers, or what it raised)."""
+        from redis.exceptions import ConnectionError as Unavailable, TimeoutError as Timeout
+
+        seconds = time.perf_counter() - began
+        if isinstance(results, BaseException):
+            outcome = "timeout" if isinstance(results, Timeout) else "unavailable" if isinstance(results, Unavailable) else "failed"
+            if self._gate.failed():
+                log.warning("push: Redis at %s: %s: %s; live pushes skipped for %.0f s, then subscribers catch up",
+                            self.config.display_redis, outcome, redact_uri(str(results))[:200], PAUSE)
+            self.metrics.record(Event("push", seconds, op=push.op, outcome=outcome))
+            return
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            if self._gate.failed():
+                log.warning("push: Redis at %s refused a push: %s", self.config.display_redis,
+                            redact_uri(str(errors[0]))[:200])
+            self.metrics.record(Event("push", seconds, op=push.op, outcome="failed"))
+            return
+        self._gate.reached()
+        self.metrics.record(Event("push", seconds, op=push.op, outcome="ok"))
+        delivered = sum(r for r in results if isinstance(r, int))
+        if delivered:
+            self.metrics.record(Event("pushed", delivered))
+
+    def _skipped(self, push: Push) -> None:
+        self.metrics.record(Event("push", 0.0, op=push.op, outcome="skipped"))
+
+
+def _missing_script(results: list[Any]) -> bool:
+    from redis.exceptions import NoScriptError
+
+    return any(isinstance(r, NoScriptError) for r in results)
+
+
+class Publisher(_Base):
+    """Pushes on a ``redis.Redis`` client, from any thread (redis-py's pool is thread-safe)."""
+
+    def __init__(self, config: PushConfig, *, metrics: Metrics = NO_METRICS, tracing: Tracing = NO_TRACING) -> None:
+        super().__init__(config, metrics=metrics, tracing=tracing)
+        import redis
+
+        self._client = redis.Redis.from_url(config.redis, **redis_options(config))
+
+    def send(self, push: Push) -> None:
+        """Carry out *push*; never raises (see the module's docs)."""
+        messages = push.messages()
+        if not len(messages):
+            return
+        if not self._gate.open():
+            self._skipped(push)
+            return
+        from redis.exceptions import RedisError
+
+        with self.tracing.span(f"feedrouter.push.{push.op}", op=f"push.{push.op}"):
+            began = time.perf_counter()
+            commands = list(self._commands(messages))
+            try:
+                results = self._pipeline(commands)
+                if _missing_script(results):  # Redis restarted (or a new one): load the script, send again
+                    self._client.script_load(SCRIPT)
+                    results = self._pipeline([c for c in commands if c[0] == "EVALSHA"])
+            except RedisError as exc:
+                self._done(push, began, exc)
+                return
+            self._done(push, began, results)
+
+    def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        return list(pipe.execute(raise_on_error=False))
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
+
+
+class AsyncPublisher(_Base):
+    """Pushes on a ``redis.asyncio.Redis`` client, on the event loop that made it."""
+
+    def __init__(self, config: PushConfig, *, metrics: Metrics = NO_METRICS, tracing: Tracing = NO_TRACING) -> None:
+        super().__init__(config, metrics=metrics, tracing=tracing)
+        import redis.asyncio
+
+        self._client = redis.asyncio.Redis.from_url(config.redis, **redis_options(config))
+
+    async def send(self, push: Push) -> None:
+        """Carry out *push*; never raises (see the module's docs)."""
+        messages = push.messages()
+        if not len(messages):
+            return
+        if not self._gate.open():
+            self._skipped(push)
+            return
+        from redis.exceptions import RedisError
+
+        with self.tracing.span(f"feedrouter.push.{push.op}", op=f"push.{push.op}"):
+            began = time.perf_counter()
+            commands = list(self._commands(messages))
+            try:
+                results = await self._pipeline(commands)
+                if _missing_script(results):
+                    await self._client.script_load(SCRIPT)
+                    results = await self._pipeline([c for c in commands if c[0] == "EVALSHA"])
+            except RedisError as exc:
+                self._done(push, began, exc)
+                return
+            self._done(push, began, results)
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def close(self) -> None:
+        """Close the client's connections."""
+        await self._client.aclose()
