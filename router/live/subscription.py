@@ -22,7 +22,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from types import TracebackType
+from typing import Any
 
 from ..core.live.stream import Backlog, LiveEvent, LivePlan, Stream
 from ..errors import RouterClosed
@@ -69,38 +71,57 @@ class _Consumer:
         return event
 
 
-class _ThreadBox:
-    """A backlog fed by the hub's thread and taken by the consumer's."""
+class _Box:
+    """A subscription's backlog as the hub feeds it (:class:`~router.live.hub.Box`): each change wakes the consumer."""
 
     def __init__(self, size: int) -> None:
         self.backlog = Backlog(size)
-        self._cond = threading.Condition()
         self.closed = False
 
+    def _guard(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
     def put(self, raw: bytes) -> None:
-        with self._cond:
+        with self._guard():
             self.backlog.put(raw)
-            self._cond.notify()
+            self._wake()
 
     def disconnected(self) -> None:
-        with self._cond:
+        with self._guard():
             self.backlog.disconnected()
-            self._cond.notify()
+            self._wake()
 
     def restored(self) -> None:
-        with self._cond:
+        with self._guard():
             self.backlog.restored()
-            self._cond.notify()
+            self._wake()
 
     def close(self) -> None:
-        with self._cond:
+        with self._guard():
             self.closed = True
-            self._cond.notify_all()
+            self._wake()
 
     @property
     def down(self) -> bool:
-        with self._cond:
+        with self._guard():
             return self.backlog.down
+
+
+class _ThreadBox(_Box):
+    """Fed by the hub's thread, taken by the consumer's."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self._cond = threading.Condition()
+
+    def _guard(self) -> AbstractContextManager[Any]:
+        return self._cond
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
 
     def take(self, timeout: float | None) -> tuple[str, bytes | None]:
         with self._cond:
@@ -183,33 +204,15 @@ class Subscription(_Consumer):
         self.close()
 
 
-class _LoopBox:
-    """A backlog fed by the hub's reader and taken by the consumer, on one event loop."""
+class _LoopBox(_Box):
+    """Fed by the hub's reader, taken by the consumer, on one event loop."""
 
     def __init__(self, size: int) -> None:
-        self.backlog = Backlog(size)
+        super().__init__(size)
         self._event = asyncio.Event()
-        self.closed = False
 
-    def put(self, raw: bytes) -> None:
-        self.backlog.put(raw)
+    def _wake(self) -> None:
         self._event.set()
-
-    def disconnected(self) -> None:
-        self.backlog.disconnected()
-        self._event.set()
-
-    def restored(self) -> None:
-        self.backlog.restored()
-        self._event.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self._event.set()
-
-    @property
-    def down(self) -> bool:
-        return self.backlog.down
 
     async def take(self, timeout: float | None) -> tuple[str, bytes | None]:
         while not (self.closed or self.backlog.ready):

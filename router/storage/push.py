@@ -10,8 +10,9 @@ looks each member up in the presence set and publishes ``head + body`` to those 
   redis-py's own retries are off;
 * after a failure, pushes are skipped (counted ``skipped``) for :data:`PAUSE` seconds, so a
   Redis that does not answer costs a write at most one ``timeout`` per pause;
-* the first push that reaches Redis again first broadcasts the *gap* message: every subscriber
-  then catches up from storage, so items pushed into the void are still delivered.
+* the first push that reaches Redis again first broadcasts the *gap* message (and if none comes
+  within :data:`PAUSE`, the publisher sends the gap alone, again until it reaches Redis): every
+  subscriber then catches up from storage, so items pushed into the void are still delivered.
 
 Each push is counted (``push``: op, outcome ``ok``/``timeout``/``unavailable``/``failed``/``skipped``,
 its seconds; ``pushed``: messages Redis handed to subscriber processes) and traced
@@ -25,14 +26,14 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from ..core.live.push import EDITS, GAP, PRESENCE, Messages, Push
+from ..core.live.push import EDITS, GAP, PRESENCE, Push
 from ..errors import ConfigError, ConfigProblem
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
@@ -131,17 +132,40 @@ class _Base:
         self._edits = f"{config.prefix}:{EDITS}"
         self._prefix = f"{config.prefix}:"
 
-    def _commands(self, messages: Messages) -> Iterator[tuple[Any, ...]]:
-        """The commands of one push: the gap first when one is owed, then the scripts, then the broadcasts."""
-        if self._gate.owed:
-            yield "PUBLISH", self._edits, GAP
+    def _owe_gap(self) -> None:
+        """Send the gap :data:`PAUSE` seconds from now if no push has by then (a writer that goes quiet still tells
+        subscribers it missed pushes)."""
+        raise NotImplementedError
+
+    def _gap_sent(self, answer: object) -> bool:
+        """Count the gap's send (*answer*: what PUBLISH answered, or what it raised); True if it reached Redis."""
+        from redis.exceptions import RedisError
+
+        if isinstance(answer, RedisError):
+            self._gate.failed()
+            self.metrics.record(Event("push", 0.0, op="gap", outcome="failed"))
+            return False
+        self._gate.reached()
+        self.metrics.record(Event("push", 0.0, op="gap", outcome="ok"))
+        return True
+
+    def _commands(self, push: Push) -> list[tuple[Any, ...]] | None:
+        """The commands of *push* (a gap first when one is owed, then the scripts, then the broadcasts), or None when
+        there is nothing to send or the gate says not now (counted ``skipped``)."""
+        messages = push.messages()
+        if not len(messages):
+            return None
+        if not self._gate.open():
+            self.metrics.record(Event("push", 0.0, op=push.op, outcome="skipped"))
+            return None
+        commands: list[tuple[Any, ...]] = [("PUBLISH", self._edits, GAP)] if self._gate.owed else []
         members, heads = messages.members, messages.heads
         for start in range(0, len(members), CHUNK):
             part = members[start:start + CHUNK]
-            yield ("EVALSHA", SCRIPT_SHA, 1, self._presence, self._prefix, messages.body, len(part), *part,
-                   *heads[start:start + CHUNK])
-        for raw in messages.broadcast:
-            yield "PUBLISH", self._edits, raw
+            commands.append(("EVALSHA", SCRIPT_SHA, 1, self._presence, self._prefix, messages.body, len(part), *part,
+                             *heads[start:start + CHUNK]))
+        commands += [("PUBLISH", self._edits, raw) for raw in messages.broadcast]
+        return commands
 
     def _done(self, push: Push, began: float, results: list[Any] | BaseException) -> None:
         """Count what a push did (*results*: the pipeline's answers, or what it raised)."""
@@ -154,6 +178,7 @@ class _Base:
                 log.warning("push: Redis at %s: %s: %s; live pushes skipped for %.0f s, then subscribers catch up",
                             self.config.display_redis, outcome, redact_uri(str(results))[:200], PAUSE)
             self.metrics.record(Event("push", seconds, op=push.op, outcome=outcome))
+            self._owe_gap()
             return
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -161,6 +186,7 @@ class _Base:
                 log.warning("push: Redis at %s refused a push: %s", self.config.display_redis,
                             redact_uri(str(errors[0]))[:200])
             self.metrics.record(Event("push", seconds, op=push.op, outcome="failed"))
+            self._owe_gap()
             return
         self._gate.reached()
         self.metrics.record(Event("push", seconds, op=push.op, outcome="ok"))
@@ -168,14 +194,18 @@ class _Base:
         if delivered:
             self.metrics.record(Event("pushed", delivered))
 
-    def _skipped(self, push: Push) -> None:
-        self.metrics.record(Event("push", 0.0, op=push.op, outcome="skipped"))
 
 
-def _missing_script(results: list[Any]) -> bool:
+def _reload(results: list[Any]) -> list[tuple[Any, ...]]:
+    """The command that loads the script, when Redis did not know it (restarted, or another one): send it, then the
+    scripts again; else nothing."""
     from redis.exceptions import NoScriptError
 
-    return any(isinstance(r, NoScriptError) for r in results)
+    return [] if not any(isinstance(r, NoScriptError) for r in results) else [("SCRIPT", "LOAD", SCRIPT)]
+
+
+def _scripts(commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [c for c in commands if c[0] == "EVALSHA"]
 
 
 class Publisher(_Base):
@@ -186,29 +216,48 @@ class Publisher(_Base):
         import redis
 
         self._client = redis.Redis.from_url(config.redis, **redis_options(config))
+        self._timer: threading.Timer | None = None
+        self._timer_lock = threading.Lock()
+        self._closed = False
+
+    def _owe_gap(self) -> None:
+        with self._timer_lock:
+            if self._timer is None and not self._closed:
+                self._timer = threading.Timer(PAUSE, self._send_gap)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _send_gap(self) -> None:
+        from redis.exceptions import RedisError
+
+        with self._timer_lock:
+            self._timer = None
+        if not self._gate.owed or self._closed:
+            return
+        try:
+            answer: object = self._client.publish(self._edits, GAP)
+        except RedisError as exc:
+            answer = exc
+        if not self._gap_sent(answer):
+            self._owe_gap()
 
     def send(self, push: Push) -> None:
         """Carry out *push*; never raises (see the module's docs)."""
-        messages = push.messages()
-        if not len(messages):
-            return
-        if not self._gate.open():
-            self._skipped(push)
-            return
         from redis.exceptions import RedisError
 
+        commands = self._commands(push)
+        if commands is None:
+            return
         with self.tracing.span(f"feedrouter.push.{push.op}", op=f"push.{push.op}"):
             began = time.perf_counter()
-            commands = list(self._commands(messages))
             try:
-                results = self._pipeline(commands)
-                if _missing_script(results):  # Redis restarted (or a new one): load the script, send again
-                    self._client.script_load(SCRIPT)
-                    results = self._pipeline([c for c in commands if c[0] == "EVALSHA"])
+                answers = self._pipeline(commands)
+                if again := _reload(answers):  # (Redis restarted, or another one): load it, send again
+                    answers = self._pipeline(again + _scripts(commands))[1:]
             except RedisError as exc:
                 self._done(push, began, exc)
                 return
-            self._done(push, began, results)
+            self._done(push, began, answers)
 
     def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
@@ -217,7 +266,11 @@ class Publisher(_Base):
         return list(pipe.execute(raise_on_error=False))
 
     def close(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections (a gap still owed is not sent)."""
+        with self._timer_lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
         self._client.close()
 
 
@@ -229,29 +282,49 @@ class AsyncPublisher(_Base):
         import redis.asyncio
 
         self._client = redis.asyncio.Redis.from_url(config.redis, **redis_options(config))
+        self._retry: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def _owe_gap(self) -> None:
+        if self._retry is None and not self._closed:
+            self._retry = asyncio.get_running_loop().call_later(PAUSE, self._start_gap)
+
+    def _start_gap(self) -> None:
+        self._retry = None
+        task = asyncio.get_running_loop().create_task(self._send_gap())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_gap(self) -> None:
+        from redis.exceptions import RedisError
+
+        if not self._gate.owed or self._closed:
+            return
+        try:
+            answer: object = await self._client.publish(self._edits, GAP)
+        except RedisError as exc:
+            answer = exc
+        if not self._gap_sent(answer):
+            self._owe_gap()
 
     async def send(self, push: Push) -> None:
         """Carry out *push*; never raises (see the module's docs)."""
-        messages = push.messages()
-        if not len(messages):
-            return
-        if not self._gate.open():
-            self._skipped(push)
-            return
         from redis.exceptions import RedisError
 
+        commands = self._commands(push)
+        if commands is None:
+            return
         with self.tracing.span(f"feedrouter.push.{push.op}", op=f"push.{push.op}"):
             began = time.perf_counter()
-            commands = list(self._commands(messages))
             try:
-                results = await self._pipeline(commands)
-                if _missing_script(results):
-                    await self._client.script_load(SCRIPT)
-                    results = await self._pipeline([c for c in commands if c[0] == "EVALSHA"])
+                answers = await self._pipeline(commands)
+                if again := _reload(answers):
+                    answers = (await self._pipeline(again + _scripts(commands)))[1:]
             except RedisError as exc:
                 self._done(push, began, exc)
                 return
-            self._done(push, began, results)
+            self._done(push, began, answers)
 
     async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
@@ -260,5 +333,11 @@ class AsyncPublisher(_Base):
         return list(await pipe.execute(raise_on_error=False))
 
     async def close(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections (a gap still owed is not sent)."""
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
         await self._client.aclose()

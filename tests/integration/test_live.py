@@ -1,0 +1,419 @@
+"""Live feeds against real servers (FerretDB 2 by default) and a real Redis, through both doors.
+
+Every check that "nothing else came" waits for a *sentinel*: an item written after the ones
+under test, whose push comes after theirs on the same channel, so the events before it are
+all that was sent (no timed silence). Counts of messages come from the router's metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import pytest
+import redis
+from bson import ObjectId
+
+from router import (
+    Activity, DeletedItem, FeedItem, FeedRouter, InvalidCursor, InvalidItem, ItemDeleted, LiveEvent, NewItem,
+    PushNotConfigured,
+    Resync, RouterConfig, UpdatedItem, data_key, live_cursor,
+)
+from router.cursor import CursorState, Position, encode_state
+from router.observe import Event, Metrics
+from router.pushconfig import PushConfig
+from harness.proxy import CutProxy
+from harness.redis import LocalRedis
+
+from .conftest import NOW, P2, register
+
+R = 1000386          # the receiver most tests watch
+S = 1000765          # a sender
+WHEN = P2 + timedelta(days=10)
+
+
+def item(n: int, receiver: int | str = R, *, sender: int | str = S, type: int | str = 1) -> FeedItem:
+    """Item *n*: later *n*, later time (a second apart)."""
+    return FeedItem(receiver_id=receiver, sender_id=sender, event_time=WHEN + timedelta(seconds=n), type=type,
+                    data={"n": n}, data_key=data_key("live", n))
+
+
+class Recorded(Metrics):
+    """Every event the router reports, kept (from any thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+
+    def record(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def total(self, name: str, **labels: str) -> float:
+        with self._lock:
+            return sum(e.value for e in self.events if e.name == name
+                       and all(getattr(e, k) == v for k, v in labels.items()))
+
+    def outcomes(self, name: str) -> Counter[str | None]:
+        """The outcomes of *name* events (for ``push``: the pushes of writes, not the gap's own sends)."""
+        with self._lock:
+            return Counter(e.outcome for e in self.events if e.name == name and e.op != "gap")
+
+
+def until(live: Any, done: Callable[[LiveEvent], bool], *, timeout: float = 60.0) -> list[LiveEvent]:
+    """Events of *live* up to and including the first that *done* accepts; fails if none comes within *timeout*."""
+    got: list[LiveEvent] = []
+    while True:
+        event = live.get(timeout=timeout)
+        assert event is not None, f"no event within {timeout:.0f} s; so far {got!r:.2000}"
+        got.append(event)
+        if done(event):
+            return got
+
+
+def opened(live: Any) -> Any:
+    """*live* subscribed and caught up, with nothing to hand out yet (``get(timeout=0)`` does both, then looks)."""
+    assert live.get(timeout=0) is None
+    return live
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float = 30.0) -> None:
+    """Poll *check* until it is true; fail naming *what* after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
+def is_item(oid: ObjectId) -> Callable[[LiveEvent], bool]:
+    return lambda e: isinstance(e, NewItem) and e.item.id == oid
+
+
+def new_ids(events: list[LiveEvent]) -> list[ObjectId]:
+    return [e.item.id for e in events if isinstance(e, NewItem) and e.item.id is not None]
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[LocalRedis]:
+    with LocalRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def push(redis_server: LocalRedis) -> PushConfig:
+    """The push section of this test: the module's Redis, a prefix of its own, a short presence expiry."""
+    return PushConfig(redis=redis_server.url, prefix=f"t{uuid.uuid4().hex[:10]}", presence_ttl=timedelta(seconds=3))
+
+
+@pytest.fixture
+def live_config(make_config: Callable[..., RouterConfig], push: PushConfig) -> RouterConfig:
+    config = attrs.evolve(make_config(), push=push)
+    register(config)
+    return config
+
+
+@pytest.fixture
+def metrics() -> Recorded:
+    return Recorded()
+
+
+@pytest.fixture
+def feeds(open_router: Callable[..., Any], live_config: RouterConfig, metrics: Recorded) -> Any:
+    """A router with push: through this test's door."""
+    return open_router(live_config, clock=lambda: NOW, metrics=metrics)
+
+
+# -- the protocol ------------------------------------------------------------------------------
+
+
+def test_nothing_falls_between_the_page_and_the_stream(feeds: Any) -> None:
+    """Items written before the subscribe (after the page was read) come from the catch-up, oldest first; items
+    written while it subscribes and after come live; a writer runs throughout. Every item after the page's newest
+    comes exactly once, in one stream."""
+    ids = feeds.write_many([item(n) for n in range(20)])
+    page = feeds.read(R, limit=5)
+    assert [i.id for i in page.items] == ids[19:14:-1]
+    written: list[ObjectId] = []
+    started = threading.Event()
+
+    def writer() -> None:
+        for n in range(20, 120):
+            written.extend(feeds.write_many([item(n)]))
+            if n == 40:
+                started.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert started.wait(60)
+        live = feeds.subscribe(R, cursor=live_cursor(page))
+        thread.join(120)
+        got = until(live, lambda e: isinstance(e, NewItem) and e.item.id == written[-1])
+        live.close()
+    finally:
+        thread.join(120)
+    assert new_ids(got) == written  # each once, in the order written (times rise with n)
+    assert all(isinstance(e, NewItem) for e in got)
+
+
+def test_a_pushed_item_is_the_item_a_page_shows(feeds: Any) -> None:
+    """A live item equals the FeedItem a read returns for it, and its cursor resumes after it."""
+    page = feeds.read(R)
+    with opened(feeds.subscribe(R, cursor=live_cursor(page))) as live:
+        (oid,) = feeds.write_many([item(1, type="like")])
+        (event,) = until(live, is_item(oid))
+        assert isinstance(event, NewItem) and not event.pulled
+        assert event.item == feeds.read(R).items[0]
+        assert event.cursor == live.cursor
+    with feeds.subscribe(R, cursor=event.cursor) as again:  # nothing after it: the next event is the next write
+        (later,) = feeds.write_many([item(2)])
+        assert new_ids(until(again, is_item(later))) == [later]
+
+
+def test_no_cursor_starts_at_the_newest_item(feeds: Any) -> None:
+    """Subscribing with no cursor hands out only what is stored after the subscription started."""
+    feeds.write_many([item(n) for n in range(3)])
+    with opened(feeds.subscribe(R)) as live:
+        (oid,) = feeds.write_many([item(3)])
+        assert new_ids(until(live, is_item(oid))) == [oid]
+
+
+def test_types_keep_only_those_types(feeds: Any) -> None:
+    """types filters live items as read filters pages."""
+    with opened(feeds.subscribe(R, types=["like"])) as live:
+        ids = feeds.write_many([item(1, type="comment"), item(2, type="like")])
+        assert new_ids(until(live, is_item(ids[1]))) == [ids[1]]
+
+
+def test_bad_arguments_get_the_errors_read_gives(feeds: Any) -> None:
+    """Each bad receiver id, cursor, pull or types is refused by subscribe with read's own error, word for word."""
+    forged = encode_state(CursorState(position=Position(WHEN, ObjectId()), pending=(("no_such_cluster", None),)))
+    cases: list[dict[str, Any]] = [
+        {"receiver_id": 1.5}, {"receiver_id": ""}, {"receiver_id": True},
+        {"cursor": "not-a-cursor"}, {"cursor": forged}, {"cursor": 7},
+        {"pull": [None]}, {"pull": "1000765"}, {"pull": list(range(1001))},
+        {"types": []}, {"types": [1.5]},
+    ]
+    for case in cases:
+        receiver = case.pop("receiver_id", R)
+        with pytest.raises((InvalidItem, InvalidCursor)) as read_error:
+            feeds.read(receiver, **case)
+        with pytest.raises(type(read_error.value)) as live_error:
+            feeds.subscribe(receiver, **case)
+        assert str(live_error.value) == str(read_error.value), case
+
+
+def test_without_push_subscribe_is_refused(open_router: Callable[..., Any], make_config: Callable[..., RouterConfig]) -> None:
+    config = make_config()
+    register(config)
+    with pytest.raises(PushNotConfigured, match=r"^subscribe\(\): clusters.yaml has no push: section"):
+        open_router(config, clock=lambda: NOW).subscribe(R)
+
+
+# -- every writer pushes -----------------------------------------------------------------------
+
+
+def test_a_fan_out_pushes_only_to_receivers_with_a_subscriber(feeds: Any, metrics: Recorded) -> None:
+    """A fan-out to 1,000 receivers of whom 10 are connected sends 10 messages; each gets its copy as a page shows
+    it. (Threads on the sync door, asyncio tasks on the async door.)"""
+    watched = list(range(5000, 6000, 100))
+    subs = [opened(feeds.subscribe(r)) for r in watched]
+    before = metrics.total("pushed")
+    post = Activity(sender_id=S, event_time=WHEN, type=1, data={"post": 1}, data_key=data_key("post", 1))
+    result = feeds.fan_out(post, range(5000, 6000), batch_size=250)
+    assert result.written == 1000
+    for receiver, live in zip(watched, subs):
+        (event,) = until(live, lambda e: isinstance(e, NewItem))
+        assert isinstance(event, NewItem) and event.item == feeds.read(receiver).items[0]
+        live.close()
+    assert metrics.total("pushed") - before == 10
+    assert metrics.outcomes("push")["ok"] >= 4  # one push per batch
+
+
+def test_publish_of_a_pulled_author_reaches_subscribers_pulling_them(feeds: Any) -> None:
+    """publish(pull=True) stores the post in its author's outbox only: a subscriber with pull=[author] gets it (as the
+    pulled read shows it, under the id its copy would have); one without pull does not."""
+    author = 77
+    with opened(feeds.subscribe(R, pull=[author])) as pulling, opened(feeds.subscribe(R)) as plain:
+        post = Activity(sender_id=author, event_time=WHEN, type=1, data={"p": 1}, data_key=data_key("pulled", 1))
+        assert feeds.publish(post, [R], pull=True).path == "pull"
+        (event,) = until(pulling, lambda e: isinstance(e, NewItem))
+        assert isinstance(event, NewItem) and event.pulled
+        assert event.item == feeds.read(R, pull=[author]).items[0]
+        (sentinel,) = feeds.write_many([item(1)])
+        assert new_ids(until(plain, is_item(sentinel))) == [sentinel]
+        assert new_ids(until(pulling, is_item(sentinel))) == [sentinel]
+
+
+def test_backfill_pushes_its_copies(feeds: Any) -> None:
+    """Copies a backfill stores come as the page shows them."""
+    author = 78
+    posts = [Activity(sender_id=author, event_time=WHEN + timedelta(minutes=n), type=1, data={"b": n},
+                      data_key=data_key("backfill", n)) for n in range(3)]
+    for post in posts:
+        feeds.publish(post, [], pull=True)
+    with opened(feeds.subscribe(R)) as live:
+        assert feeds.backfill(R, [author]).written == 3
+        got = [live.get(timeout=60) for _ in range(3)]
+    page = feeds.read(R)
+    assert [e.item for e in sorted(got, key=lambda e: e.item.event_time, reverse=True)] == list(page.items)  # type: ignore[union-attr]
+
+
+def test_update_and_delete_are_pushed(feeds: Any) -> None:
+    """update and delete of a key reach every subscriber, after the item."""
+    (oid,) = feeds.write_many([item(1)])
+    key = data_key("live", 1)
+    head = live_cursor(feeds.read(R))
+    with opened(feeds.subscribe(R)) as live:
+        feeds.update(key, {"n": 1, "edited": True})
+        feeds.delete(key)
+        got = until(live, lambda e: isinstance(e, DeletedItem))
+        cursor = live.cursor
+    assert got == [UpdatedItem(key, {"n": 1, "edited": True}, head), DeletedItem(key, head)] and cursor == head
+
+
+def test_a_delete_during_a_fan_out_ends_with_the_item_deleted(feeds: Any) -> None:
+    """A fan-out still running when its post is deleted: whatever copies a subscriber was pushed, the last word on the
+    key is DeletedItem (the delete's, or a batch's clean-up after it met the tombstone)."""
+    post = Activity(sender_id=S, event_time=WHEN, type=1, data={"x": 1}, data_key=data_key("raced", 1))
+    watched = [0, 10_000, 19_999]
+    subs = [opened(feeds.subscribe(r)) for r in watched]
+    handle = feeds.fan_out(post, range(20_000), background=True, batch_size=500)
+    while handle.progress.batches < 2 and not handle.done():
+        handle.wait(0.05)
+    feeds.delete(post.data_key)
+    with pytest.raises(ItemDeleted):
+        handle.result(120)
+    for n, (receiver, live) in enumerate(zip(watched, subs)):
+        (sentinel,) = feeds.write_many([item(n, receiver)])
+        got = until(live, is_item(sentinel))
+        about_post = [e for e in got if isinstance(e, DeletedItem) or (isinstance(e, NewItem) and e.item.data_key == post.data_key)]
+        assert about_post and isinstance(about_post[-1], DeletedItem), (receiver, got)
+        assert [i.data_key for i in feeds.read(receiver).items] == [data_key("live", n)]
+        live.close()
+
+
+def test_an_erasure_pushes_the_deletion_of_the_users_posts(feeds: Any) -> None:
+    """erase_user: a subscriber that was pushed a post of the user gets DeletedItem for it."""
+    user = 4242
+    post = Activity(sender_id=user, event_time=WHEN, type=1, data={"e": 1}, data_key=data_key("erased", 1))
+    with opened(feeds.subscribe(R)) as live:
+        feeds.fan_out(post, [R])
+        until(live, lambda e: isinstance(e, NewItem))
+        feeds.erase_user(user, requested_by="tests")
+        got = until(live, lambda e: isinstance(e, DeletedItem))
+    assert got == [DeletedItem(post.data_key, got[-1].cursor)]
+
+
+# -- slow and broken consumers, Redis down -------------------------------------------------------
+
+
+def test_a_full_backlog_is_dropped_and_the_stream_catches_up(open_router: Callable[..., Any], live_config: RouterConfig) -> None:
+    """A subscriber that does not read while 30 items arrive, with a backlog of 5: Resync("overflow"), then every
+    item exactly once from the catch-up, then what comes after."""
+    config = attrs.evolve(live_config, push=attrs.evolve(live_config.push, queue=5))
+    feeds = open_router(config, clock=lambda: NOW)
+    with opened(feeds.subscribe(R)) as live:
+        ids = [feeds.write_many([item(n)])[0] for n in range(30)]
+        (sentinel,) = feeds.write_many([item(30)])
+        got = until(live, is_item(sentinel))
+    assert isinstance(got[0], Resync) and got[0].reason == "overflow"
+    assert new_ids(got[1:]) == ids + [sentinel]
+
+
+def test_redis_down_writes_go_on_subscribers_resync_and_catch_up(feeds: Any, redis_server: LocalRedis,
+                                                                  metrics: Recorded) -> None:
+    """Redis killed: writes succeed (the pushes fail, counted); the subscriber says Resync("disconnected"). Redis back
+    on the same port: the subscriber reconnects by itself and hands out every item written meanwhile, once."""
+    live = opened(feeds.subscribe(R))
+    redis_server.kill()
+    try:
+        during = [feeds.write_many([item(n)])[0] for n in range(5)]
+        assert until(live, lambda e: isinstance(e, Resync))[-1] == Resync("disconnected", live.cursor)
+    finally:
+        redis_server.restart()
+    pushes = metrics.outcomes("push")
+    assert pushes["unavailable"] >= 1 and pushes["unavailable"] + pushes["timeout"] + pushes["skipped"] == 5, pushes
+    (sentinel,) = feeds.write_many([item(9)])
+    got = until(live, is_item(sentinel))
+    assert Counter(new_ids(got)) == Counter(during + [sentinel])
+    live.close()
+
+
+def test_a_writer_that_could_not_reach_redis_sends_the_gap(open_router: Callable[..., Any], live_config: RouterConfig,
+                                                          metrics: Recorded) -> None:
+    """A writer cut off from Redis while subscribers are not: its pushes fail; once it reaches Redis again it
+    broadcasts the gap, and the subscriber says Resync("missed") and catches up the items it was not pushed."""
+    assert live_config.push is not None
+    port = int(live_config.push.redis.rsplit(":", 1)[1].split("/")[0])
+    proxy = CutProxy(port)
+    try:
+        writer_config = attrs.evolve(live_config, push=attrs.evolve(live_config.push,
+                                                                    redis=f"redis://127.0.0.1:{proxy.port}/0"))
+        writer = open_router(writer_config, clock=lambda: NOW, metrics=metrics)
+        reader = FeedRouter(live_config, clock=lambda: NOW)
+        try:
+            live = opened(reader.subscribe(R))
+            writer.write_many([item(0)])  # connects through the proxy
+            proxy.cut()
+            (missed,) = writer.write_many([item(1)])
+            assert metrics.outcomes("push")["ok"] == 1 and sum(metrics.outcomes("push").values()) == 2
+            proxy.restore()  # no further write: the writer sends the gap by itself
+            got = until(live, is_item(missed))
+            assert [type(e) for e in got] == [NewItem, Resync, NewItem]
+            assert isinstance(got[1], Resync) and got[1].reason == "missed"
+            live.close()
+        finally:
+            reader.close()
+    finally:
+        proxy.close()
+
+
+def test_a_paused_redis_costs_a_write_one_timeout(feeds: Any, redis_server: LocalRedis, metrics: Recorded) -> None:
+    """Redis stopped (SIGSTOP): the write returns, its push is counted a timeout, the next ones within the pause are
+    skipped; once Redis runs again the subscriber gets every item once."""
+    live = opened(feeds.subscribe(R))
+    redis_server.pause()
+    try:
+        during = [feeds.write_many([item(n)])[0] for n in range(3)]
+    finally:
+        redis_server.resume()
+    pushes = metrics.outcomes("push")
+    assert pushes["timeout"] >= 1 and pushes["timeout"] + pushes["skipped"] == 3, pushes
+    (sentinel,) = feeds.write_many([item(9)])
+    got = until(live, is_item(sentinel))
+    assert Counter(new_ids(got)) == Counter(during + [sentinel])
+    live.close()
+
+
+def test_presence_ends_with_the_last_subscription(feeds: Any, live_config: RouterConfig, metrics: Recorded) -> None:
+    """While subscribed, the receiver's member is in the presence set; once closed its channel is left and the
+    member expires (push.presence_ttl): a write then sends no message."""
+    assert live_config.push is not None
+    client = redis.Redis.from_url(live_config.push.redis)
+    key, member = f"{live_config.push.prefix}:here", f"r:i{R}"
+    try:
+        live = opened(feeds.subscribe(R))
+        assert client.zscore(key, member) is not None
+        live.close()
+        channel = f"{live_config.push.prefix}:{member}"
+        wait_for("the channel left", lambda: client.pubsub_numsub(channel) == [(channel.encode(), 0)])
+        wait_for("the member expired", lambda: (client.zscore(key, member) or 0) < int(client.time()[0]))
+        before = metrics.total("pushed")
+        feeds.write_many([item(1)])
+        assert metrics.total("pushed") == before and metrics.outcomes("push")["ok"] >= 1
+    finally:
+        client.close()
+
+
+def test_closing_the_router_ends_the_iteration(open_router: Callable[..., Any], live_config: RouterConfig) -> None:
+    feeds = open_router(live_config, clock=lambda: NOW)
+    live = opened(feeds.subscribe(R))
+    feeds.close()
+    assert list(live) == []
