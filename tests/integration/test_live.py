@@ -7,12 +7,17 @@ all that was sent (no timed silence). Counts of messages come from the router's 
 
 from __future__ import annotations
 
+import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -26,8 +31,10 @@ from router import (
     Resync, RouterConfig, UpdatedItem, data_key, live_cursor,
 )
 from router.cursor import CursorState, Position, encode_state
+from router.fanout.celery import make_app, publish_fan_out
 from router.observe import Event, Metrics
 from router.pushconfig import PushConfig
+from harness.bench_celery import WorkerProcess, worker_yaml
 from harness.proxy import CutProxy
 from harness.redis import LocalRedis
 
@@ -91,6 +98,14 @@ def wait_for(what: str, check: Callable[[], bool], *, timeout: float = 30.0) -> 
         time.sleep(0.05)
 
 
+def opened_or_not(live: Any) -> tuple[Any, list[LiveEvent]]:
+    """*live* subscribed and caught up, with the events it had ready by then."""
+    ready: list[LiveEvent] = []
+    while (event := live.get(timeout=0)) is not None:
+        ready.append(event)
+    return live, ready
+
+
 def is_item(oid: ObjectId) -> Callable[[LiveEvent], bool]:
     return lambda e: isinstance(e, NewItem) and e.item.id == oid
 
@@ -133,33 +148,35 @@ def feeds(open_router: Callable[..., Any], live_config: RouterConfig, metrics: R
 
 
 def test_nothing_falls_between_the_page_and_the_stream(feeds: Any) -> None:
-    """Items written before the subscribe (after the page was read) come from the catch-up, oldest first; items
-    written while it subscribes and after come live; a writer runs throughout. Every item after the page's newest
-    comes exactly once, in one stream."""
+    """Items written after the page was read come from the catch-up, oldest first; items written while a subscription
+    subscribes and after come live; a writer runs throughout, and four subscriptions start at different moments of
+    it, from the same page. Each hands out every item after the page's newest exactly once, in order."""
     ids = feeds.write_many([item(n) for n in range(20)])
     page = feeds.read(R, limit=5)
     assert [i.id for i in page.items] == ids[19:14:-1]
     written: list[ObjectId] = []
-    started = threading.Event()
+    moments = {30: threading.Event(), 50: threading.Event(), 70: threading.Event(), 90: threading.Event()}
 
     def writer() -> None:
         for n in range(20, 120):
             written.extend(feeds.write_many([item(n)]))
-            if n == 40:
-                started.set()
+            if n in moments:
+                moments[n].set()
 
     thread = threading.Thread(target=writer)
     thread.start()
+    subs = []
     try:
-        assert started.wait(60)
-        live = feeds.subscribe(R, cursor=live_cursor(page))
-        thread.join(120)
-        got = until(live, lambda e: isinstance(e, NewItem) and e.item.id == written[-1])
-        live.close()
+        for moment in moments.values():
+            assert moment.wait(60)
+            subs.append(opened_or_not(feeds.subscribe(R, cursor=live_cursor(page))))
     finally:
         thread.join(120)
-    assert new_ids(got) == written  # each once, in the order written (times rise with n)
-    assert all(isinstance(e, NewItem) for e in got)
+    for live, first in subs:
+        got = first + until(live, lambda e: isinstance(e, NewItem) and e.item.id == written[-1])
+        live.close()
+        assert new_ids(got) == written  # each once, in the order written (times rise with n)
+        assert all(isinstance(e, NewItem) for e in got)
 
 
 def test_a_pushed_item_is_the_item_a_page_shows(feeds: Any) -> None:
@@ -417,3 +434,90 @@ def test_closing_the_router_ends_the_iteration(open_router: Callable[..., Any], 
     live = opened(feeds.subscribe(R))
     feeds.close()
     assert list(live) == []
+
+
+# -- the command line and the Celery workers ----------------------------------------------------
+
+
+def _lines(stream: Any, into: "queue.Queue[str]") -> None:
+    for text in stream:
+        into.put(text.rstrip("\n"))
+
+
+def _wait_line(lines: "queue.Queue[str]", want: Callable[[str], bool], what: str, *, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{what}: not within {timeout:.0f} s"
+        try:
+            text = lines.get(timeout=left)
+        except queue.Empty:
+            continue
+        if want(text):
+            return text
+
+
+def test_tail_prints_the_feed_and_ends_cleanly_on_ctrl_c(live_config: RouterConfig, redis_server: LocalRedis,
+                                                         tmp_path: Path) -> None:
+    """``feedrouter tail RECEIVER`` in a real process: it catches up from --cursor, prints a write as it happens, and
+    SIGINT ends it with exit 0 and no traceback."""
+    path = tmp_path / "clusters.yaml"
+    path.write_text(worker_yaml(live_config, broker=redis_server.url))
+    with FeedRouter(live_config, clock=lambda: NOW) as feeds:
+        (before,) = feeds.write_many([item(1)])
+        cursor = live_cursor(feeds.read(R))
+        (caught,) = feeds.write_many([item(2)])
+        script = Path(sys.executable).with_name("feedrouter")
+        process = subprocess.Popen([str(script), "-c", str(path), "tail", str(R), "--cursor", cursor], text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out: queue.Queue[str] = queue.Queue()
+        err: queue.Queue[str] = queue.Queue()
+        readers = [threading.Thread(target=_lines, args=(process.stdout, out), daemon=True),
+                   threading.Thread(target=_lines, args=(process.stderr, err), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            _wait_line(err, lambda t: t.startswith(f"tail: following {R!r}"), "the tail to subscribe")
+            assert f"item {caught}" in _wait_line(out, lambda t: True, "the caught-up item")
+            (live,) = feeds.write_many([item(3)])
+            assert f"item {live} from {S!r} type 1 key {data_key('live', 3)}: " in _wait_line(out, lambda t: True, "the live item")
+            process.send_signal(signal.SIGINT)
+            assert process.wait(60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for reader in readers:
+            reader.join(10)
+        rest = list(err.queue)
+        assert rest[-1:] == ["tail: stopped"] and not any("Traceback" in t for t in rest), rest
+        assert out.empty() and str(before) not in "".join(out.queue)
+
+
+def test_celery_workers_push_the_copies_they_write(make_config: Callable[..., RouterConfig], push: PushConfig,
+                                                   redis_server: LocalRedis, tmp_path: Path) -> None:
+    """A fan-out published to two real ``feedrouter worker`` processes: each connected receiver gets its copy, pushed
+    by whichever worker wrote it, as a page shows it."""
+    config = attrs.evolve(make_config(timeout=timedelta(seconds=5)), push=push)
+    register(config)
+    broker = f"redis://127.0.0.1:{redis_server.port}/5"
+    path = tmp_path / "workers.yaml"
+    path.write_text(worker_yaml(config, broker=broker, visibility_timeout=5))
+    workers = [WorkerProcess(path, name=f"w{i}", log_path=tmp_path / f"w{i}.log") for i in range(2)]
+    with FeedRouter(config, clock=lambda: NOW) as feeds:
+        watched = [0, 1500, 3999]
+        subs = [opened(feeds.subscribe(r)) for r in watched]
+        try:
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.wait_ready(timeout=60)
+            post = Activity(sender_id=S, event_time=WHEN, type=1, data={"celery": 1}, data_key=data_key("celery", 1))
+            publish_fan_out(feeds, make_app(broker), post, range(4000))
+            for receiver, live in zip(watched, subs):
+                (event,) = until(live, lambda e: isinstance(e, NewItem), timeout=120)
+                assert isinstance(event, NewItem) and event.item == feeds.read(receiver).items[0]
+                live.close()
+        finally:
+            codes = [w.stop() for w in workers]
+        assert codes == [0, 0], [w.log_text()[-2000:] for w in workers]
