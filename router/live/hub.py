@@ -13,7 +13,7 @@ thread of its own, :class:`ThreadHub`). It keeps:
 * **the order a subscription needs**: :meth:`Hub.join` returns only once Redis confirmed the
   subscription's channels and its members are present, so its catch-up reads after that;
 * **reconnection**: a lost connection (the reader fails, or the keeper gets no answer within
-  ``push.timeout``) marks every backlog disconnected (its subscription says
+  ten times ``push.timeout``, at least a second) marks every backlog disconnected (its subscription says
   :class:`~router.core.live.stream.Resync`), then the hub connects again with backoff,
   subscribes every channel, marks every member present and marks every backlog restored (its
   subscription catches up from its cursor). Nothing here touches storage.
@@ -92,8 +92,9 @@ class Hub:
         self._boxes: dict[bytes, set[Box]] = {}     # channel -> the boxes on it
         self._all: set[Box] = set()
         self._members: Counter[str] = Counter()
-        #: Of this connection: the channels subscribed (confirmed once their future is done), the members marked.
-        self._confirmed: dict[bytes, asyncio.Future[None]] = {}
+        #: Of this connection: the channels subscribed (a future while Redis has not confirmed one, then None: ten
+        #: thousand subscribers keep no future each), and the members marked.
+        self._confirmed: dict[bytes, asyncio.Future[None] | None] = {}
         self._marked: set[str] = set()
         self._commands = asyncio.Lock()  # pub/sub commands go out in the order they are asked for
         self._client: Any = None
@@ -139,7 +140,8 @@ class Hub:
                 boxes.discard(box)
                 if not boxes:
                     del self._boxes[channel]
-                    if self._confirmed.pop(channel, None) is not None:
+                    if channel in self._confirmed:
+                        del self._confirmed[channel]
                         empty.append(channel)
             if member not in self._members:
                 self._marked.discard(member)
@@ -157,11 +159,13 @@ class Hub:
         while True:
             missing = [c for c in self._boxes if c not in self._confirmed]
             unmarked = [m for m in self._members if m not in self._marked]
-            if not missing and not unmarked and all(f.done() for f in self._confirmed.values()):
+            waiting = [f for f in self._confirmed.values() if f is not None]
+            if not missing and not unmarked and not waiting:
                 return
             if missing:
                 await self._subscribe(missing)
-            await asyncio.wait_for(asyncio.gather(*self._confirmed.values()), self._confirm_within)
+                waiting = [f for f in self._confirmed.values() if f is not None]
+            await asyncio.wait_for(asyncio.gather(*waiting), self._confirm_within)
             if self._losses != losses:
                 raise ConnectionError("the connection was lost meanwhile")
             await self._mark(unmarked)
@@ -201,7 +205,7 @@ class Hub:
     async def _connect(self) -> None:
         import redis.asyncio
 
-        self._client = redis.asyncio.Redis.from_url(self.config.redis, **redis_options(self.config))
+        self._client = redis.asyncio.Redis.from_url(self.config.redis, **redis_options(self.config, patient=True))
         self._pubsub = self._client.pubsub()
         self._confirmed.clear()
         self._marked.clear()
@@ -246,8 +250,10 @@ class Hub:
                         box.put(message["data"])
                 elif kind == "subscribe":
                     waiting = self._confirmed.get(channel)
-                    if waiting is not None and not waiting.done():
-                        waiting.set_result(None)
+                    if waiting is not None:
+                        self._confirmed[channel] = None
+                        if not waiting.done():
+                            waiting.set_result(None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the connection is gone
@@ -276,7 +282,7 @@ class Hub:
         for box in list(self._all):
             box.disconnected()
         for waiting in self._confirmed.values():  # wake joins waiting for a confirmation: they see it is down
-            if not waiting.done():
+            if waiting is not None and not waiting.done():
                 waiting.set_result(None)
         self._reconnect()
 

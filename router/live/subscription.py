@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -40,7 +39,7 @@ class _Consumer:
     def __init__(self, plan: LivePlan, metrics: Metrics) -> None:
         self.plan = plan
         self._stream = Stream(plan)
-        self._ready: deque[LiveEvent] = deque()
+        self._ready: list[LiveEvent] = []  # (a few at a time: a list is the smaller idle cost)
         self._metrics = metrics
         self._opened = False
         self._closed = False
@@ -66,7 +65,7 @@ class _Consumer:
             self._ready.extend(self._stream.accept(raw))
 
     def _emit(self) -> LiveEvent:
-        event = self._ready.popleft()
+        event = self._ready.pop(0)
         self._metrics.record(Event("live_events", 1, outcome=event.kind))
         return event
 
@@ -205,22 +204,25 @@ class Subscription(_Consumer):
 
 
 class _LoopBox(_Box):
-    """Fed by the hub's reader, taken by the consumer, on one event loop."""
+    """Fed by the hub's reader, taken by the consumer, on one event loop (a future only while the consumer waits)."""
 
     def __init__(self, size: int) -> None:
         super().__init__(size)
-        self._event = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
 
     def _wake(self) -> None:
-        self._event.set()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def take(self, timeout: float | None) -> tuple[str, bytes | None]:
         while not (self.closed or self.backlog.ready):
-            self._event.clear()
+            self._waiter = asyncio.get_running_loop().create_future()
             try:
-                await asyncio.wait_for(self._event.wait(), timeout)
+                await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
             except TimeoutError:
                 return "wait", None
+            finally:
+                self._waiter = None
         return ("closed", None) if self.closed else self.backlog.take()
 
 

@@ -24,7 +24,7 @@ Example (what a door's subscription does with these)::
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -181,6 +181,10 @@ def catch_up_program(read: Callable[[str | None], Program[Page]], catch_up: Catc
         cursor = page.next_cursor
 
 
+#: The backlog of a subscription with nothing queued (never appended to).
+_EMPTY: deque[bytes] = deque(maxlen=0)
+
+
 class Backlog:
     """A subscription's bounded queue of raw messages, and what happened to its connection. Not thread-safe: the
     I/O layer guards it (a lock for threads; one event loop).
@@ -189,7 +193,7 @@ class Backlog:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.messages: deque[bytes] = deque()
+        self.messages: deque[bytes] = _EMPTY  # (an idle subscription holds no deque of its own: made at the first put)
         #: Dropped for being full since the last :meth:`take`.
         self.overflowed = False
         #: The connection is lost (until :meth:`restored`), and it was lost since the last take.
@@ -202,14 +206,16 @@ class Backlog:
         if self.down:
             return
         if len(self.messages) >= self.size:
-            self.messages.clear()
+            self.messages = _EMPTY
             self.overflowed = True
             return
+        if self.messages is _EMPTY:
+            self.messages = deque()
         self.messages.append(raw)
 
     def disconnected(self) -> None:
         """The connection is lost: what is queued may lack what was published meanwhile; drop it."""
-        self.messages.clear()
+        self.messages = _EMPTY
         self.down = self.lost = True
         self.back = False
 
@@ -250,7 +256,7 @@ class Stream:
         #: A catch-up is owed before the next live message (from the start: subscribing is followed by one).
         self.behind = True
         self._types = frozenset(plan.types)
-        self._seen: OrderedDict[ObjectId, None] = OrderedDict()
+        self._seen: dict[ObjectId, None] = {}  # in the order handed out
         self._floor = DEDUP_WINDOW
 
     @property
@@ -324,7 +330,7 @@ class Stream:
             return None
         self._seen[oid] = None
         if len(self._seen) > self._floor:
-            self._seen.popitem(last=False)
+            del self._seen[next(iter(self._seen))]
             self._floor = max(DEDUP_WINDOW, self._floor - 1)
         position = Position(item.event_time, oid)
         if self.position is None or _key(position) > _key(self.position):
