@@ -13,7 +13,7 @@ thread of its own, :class:`ThreadHub`). It keeps:
 * **the order a subscription needs**: :meth:`Hub.join` returns only once Redis confirmed the
   subscription's channels and its members are present, so its catch-up reads after that;
 * **reconnection**: a lost connection (the reader fails, or the keeper gets no answer within
-  ten times ``push.timeout``, at least a second) marks every backlog disconnected (its subscription says
+  ten times ``push.timeout``, at least 5 s) marks every backlog disconnected (its subscription says
   :class:`~router.core.live.stream.Resync`), then the hub connects again with backoff,
   subscribes every channel, marks every member present and marks every backlog restored (its
   subscription catches up from its cursor). Nothing here touches storage.
@@ -88,7 +88,7 @@ class Hub:
         self._presence = f"{config.prefix}:{PRESENCE}"
         self._edits = (self._prefix + EDITS).encode()
         #: How long a subscription's confirmation may take before the connection counts as lost.
-        self._confirm_within = max(1.0, 10 * config.timeout.total_seconds())
+        self._confirm_within = max(5.0, 10 * config.timeout.total_seconds())
         self._boxes: dict[bytes, set[Box]] = {}     # channel -> the boxes on it
         self._all: set[Box] = set()
         self._members: Counter[str] = Counter()
@@ -96,6 +96,7 @@ class Hub:
         #: thousand subscribers keep no future each), and the members marked.
         self._confirmed: dict[bytes, asyncio.Future[None] | None] = {}
         self._marked: set[str] = set()
+        self._unsent: list[bytes] = []  # channels with a future, not sent yet (the next _sync sends them)
         self._commands = asyncio.Lock()  # pub/sub commands go out in the order they are asked for
         self._client: Any = None
         self._pubsub: Any = None
@@ -141,8 +142,13 @@ class Hub:
                 if not boxes:
                     del self._boxes[channel]
                     if channel in self._confirmed:
-                        del self._confirmed[channel]
-                        empty.append(channel)
+                        waiting = self._confirmed.pop(channel)
+                        if waiting is not None and not waiting.done():  # nobody needs it now: wake who waits
+                            waiting.set_result(None)
+                        if channel in self._unsent:
+                            self._unsent.remove(channel)
+                        else:
+                            empty.append(channel)
             if member not in self._members:
                 self._marked.discard(member)
         if empty and self.up:
@@ -154,22 +160,30 @@ class Hub:
 
     async def _sync(self) -> None:
         """Subscribe every channel a box needs and mark every member, until none is missing (then, with no await in
-        between, the caller may say it is up)."""
+        between, the caller may say it is up). Joins at once share the work: whoever holds the command lock sends
+        every channel pending in one ``SUBSCRIBE`` and marks every member pending in one script."""
         losses = self._losses
+        loop = asyncio.get_running_loop()
         while True:
-            missing = [c for c in self._boxes if c not in self._confirmed]
-            unmarked = [m for m in self._members if m not in self._marked]
+            for channel in self._boxes:
+                if channel not in self._confirmed:
+                    self._confirmed[channel] = loop.create_future()
+                    self._unsent.append(channel)
             waiting = [f for f in self._confirmed.values() if f is not None]
-            if not missing and not unmarked and not waiting:
+            if not waiting and all(m in self._marked for m in self._members):
                 return
-            if missing:
-                await self._subscribe(missing)
-                waiting = [f for f in self._confirmed.values() if f is not None]
-            await asyncio.wait_for(asyncio.gather(*waiting), self._confirm_within)
+            async with self._commands:
+                channels, self._unsent = self._unsent, []
+                if channels:
+                    await self._pubsub.subscribe(*channels)
+                unmarked = [m for m in self._members if m not in self._marked]
+                if unmarked:
+                    await self._mark(unmarked)
+                    self._marked.update(unmarked)
+            # shielded: a join that gives up must not cancel the confirmation other joins wait for
+            await asyncio.wait_for(asyncio.gather(*(asyncio.shield(f) for f in waiting)), self._confirm_within)
             if self._losses != losses:
                 raise ConnectionError("the connection was lost meanwhile")
-            await self._mark(unmarked)
-            self._marked.update(unmarked)
 
     # -- the connection -------------------------------------------------------------------
 
@@ -209,7 +223,9 @@ class Hub:
         self._pubsub = self._client.pubsub()
         self._confirmed.clear()
         self._marked.clear()
-        await self._subscribe([self._edits])
+        self._unsent = []
+        self._confirmed[self._edits] = asyncio.get_running_loop().create_future()
+        await self._pubsub.subscribe(self._edits)  # (the reader needs a subscription to read)
         self._spawn(self._read(self._pubsub), "feed-router-live-reader")
         await self._sync()
         self.up = True
@@ -217,13 +233,6 @@ class Hub:
         for box in list(self._all):
             box.restored()
         log.info("live: subscribed on Redis at %s (%d channels)", self.config.display_redis, len(self._boxes))
-
-    async def _subscribe(self, channels: list[bytes]) -> None:
-        loop = asyncio.get_running_loop()
-        for channel in channels:
-            self._confirmed[channel] = loop.create_future()
-        async with self._commands:
-            await self._pubsub.subscribe(*channels)
 
     async def _mark(self, members: list[str]) -> None:
         """Members present now (the presence script), within ``push.timeout``."""

@@ -73,13 +73,13 @@ SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 def redis_options(config: PushConfig, *, patient: bool = False) -> dict[str, Any]:
     """The client options of every Redis client of live feeds: no retries of redis-py's own, no decoding (messages are
     BSON), and timeouts of ``push.timeout`` for a writer; *patient* (a subscriber's hub, which no write waits for):
-    ten times that, at least a second, so a busy machine does not cut its subscribers off."""
+    ten times that, at least 5 s, so a busy machine does not cut its subscribers off."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     seconds = config.timeout.total_seconds()
     if patient:
-        seconds = max(1.0, 10 * seconds)
+        seconds = max(5.0, 10 * seconds)
     return {"socket_timeout": seconds, "socket_connect_timeout": seconds, "retry": Retry(NoBackoff(), 0),
             "health_check_interval": 0}
 
