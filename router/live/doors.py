@@ -114,6 +114,7 @@ class AsyncLiveDoor(AsyncDoorBase):
         push = _push(self.config.push)
 
         async def hub() -> Hub:
+            self._on_loop("subscribe")
             if self._live is None:
                 self._live = Hub(push, metrics=self._observe.metrics)
             await self._live.start()

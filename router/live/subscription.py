@@ -174,7 +174,10 @@ class Subscription(_Consumer):
             if self._closed or self._box.closed:
                 return None
             if self._stream.behind and not self._box.down:
-                self._ready.extend(self._catch_up(self._stream))
+                try:
+                    self._ready.extend(self._catch_up(self._stream))
+                except RouterClosed:  # the router closed under it: the iteration ends
+                    return None
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -273,7 +276,10 @@ class AsyncSubscription(_Consumer):
             if self._closed or self._box.closed:
                 return None
             if self._stream.behind and not self._box.down:
-                self._ready.extend(await self._catch_up(self._stream))
+                try:
+                    self._ready.extend(await self._catch_up(self._stream))
+                except RouterClosed:  # the router closed under it: the iteration ends
+                    return None
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

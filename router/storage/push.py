@@ -4,7 +4,9 @@ One :class:`Publisher` (``redis.Redis``, for :class:`~router.storage.clusters.Cl
 :class:`AsyncPublisher` (``redis.asyncio``, for the async storage) per storage, made from the
 ``push:`` section. A push is one pipelined round trip: per chunk of members a script that
 looks each member up in the presence set and publishes ``head + body`` to those present
-(:data:`SCRIPT`), and one ``PUBLISH`` per broadcast. Nothing is retried and nothing raises:
+(:data:`SCRIPT`), and one ``PUBLISH`` per broadcast. Messages made per member (``write_many``'s
+items) are looked up first (``TIME`` and ``ZMSCORE``), then made and published for the present
+members only, in a second round trip when any is. Nothing is retried and nothing raises:
 
 * every wait on Redis is bounded by ``push.timeout`` (to connect, then for the answer), and
   redis-py's own retries are off;
@@ -33,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from ..core.live.push import EDITS, GAP, PRESENCE, Push
+from ..core.live.push import EDITS, GAP, PRESENCE, Messages, Push
 from ..errors import ConfigError, ConfigProblem
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
@@ -48,8 +50,9 @@ log = logging.getLogger(__name__)
 PAUSE = 1.0
 #: Members one script call looks up (a batch of more is several calls in the same round trip).
 CHUNK = 1000
-#: KEYS[1]: the presence set; ARGV: prefix, shared body, n, n members, n heads. Publishes ``head .. body`` to each
-#: member whose expiry (the presence set's score, Redis's own clock) is not past; returns the deliveries.
+#: KEYS[1]: the presence set; ARGV: prefix, shared body, n, n members, then n heads or none. Publishes ``head .. body``
+#: (the body alone without heads) to each member whose expiry (the presence set's score, Redis's own clock) is not
+#: past; returns the deliveries.
 SCRIPT = """
 local now = tonumber(redis.call('TIME')[1])
 local prefix, body, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -61,7 +64,7 @@ for i = 1, n, 500 do
     local score = scores[k]
     if score and tonumber(score) >= now then
       local at = i + k - 1
-      sent = sent + redis.call('PUBLISH', prefix .. ARGV[3 + at], ARGV[3 + n + at] .. body)
+      sent = sent + redis.call('PUBLISH', prefix .. ARGV[3 + at], (ARGV[3 + n + at] or '') .. body)
     end
   end
 end
@@ -152,9 +155,10 @@ class _Base:
         self.metrics.record(Event("push", 0.0, op="gap", outcome="ok"))
         return True
 
-    def _commands(self, push: Push) -> list[tuple[Any, ...]] | None:
-        """The commands of *push* (a gap first when one is owed, then the scripts, then the broadcasts), or None when
-        there is nothing to send or the gate says not now (counted ``skipped``)."""
+    def _commands(self, push: Push) -> tuple[list[tuple[Any, ...]], Messages] | None:
+        """The commands of *push* (a gap first when one is owed, then the scripts, then the broadcasts; for messages
+        made per member, the presence look-up instead of the scripts) and its messages, or None when there is nothing
+        to send or the gate says not now (counted ``skipped``)."""
         messages = push.messages()
         if not len(messages):
             return None
@@ -163,12 +167,30 @@ class _Base:
             return None
         commands: list[tuple[Any, ...]] = [("PUBLISH", self._edits, GAP)] if self._gate.owed else []
         members, heads = messages.members, messages.heads
+        if messages.head is not None and members:
+            commands.append(("TIME",))
         for start in range(0, len(members), CHUNK):
             part = members[start:start + CHUNK]
-            commands.append(("EVALSHA", SCRIPT_SHA, 1, self._presence, self._prefix, messages.body, len(part), *part,
-                             *heads[start:start + CHUNK]))
+            if messages.head is not None:
+                commands.append(("ZMSCORE", self._presence, *part))
+            else:
+                commands.append(("EVALSHA", SCRIPT_SHA, 1, self._presence, self._prefix, messages.body, len(part),
+                                 *part, *heads[start:start + CHUNK]))
         commands += [("PUBLISH", self._edits, raw) for raw in messages.broadcast]
-        return commands
+        return commands, messages
+
+    def _present(self, messages: Messages, answers: list[Any]) -> list[tuple[Any, ...]]:
+        """For messages made per member, after the look-up: a ``PUBLISH`` of each present member's message (its expiry,
+        by Redis's clock, not past)."""
+        if messages.head is None or not messages.members:
+            return []
+        looked = [a for a in answers if isinstance(a, (list, tuple))]  # TIME, then each ZMSCORE
+        if len(looked) != 1 + -(-len(messages.members) // CHUNK):
+            return []  # the look-up failed: counted by _done
+        now = int(looked[0][0])
+        scores = [score for chunk in looked[1:] for score in chunk]
+        return [("PUBLISH", self._prefix + m, messages.message(i))
+                for i, (m, score) in enumerate(zip(messages.members, scores)) if score is not None and float(score) >= now]
 
     def _done(self, push: Push, began: float, results: list[Any] | BaseException) -> None:
         """Count what a push did (*results*: the pipeline's answers, or what it raised)."""
@@ -248,15 +270,18 @@ class Publisher(_Base):
         """Carry out *push*; never raises (see the module's docs)."""
         from redis.exceptions import RedisError
 
-        commands = self._commands(push)
-        if commands is None:
+        planned = self._commands(push)
+        if planned is None:
             return
+        commands, messages = planned
         with self.tracing.span(f"feedrouter.push.{push.op}", op=f"push.{push.op}"):
             began = time.perf_counter()
             try:
                 answers = self._pipeline(commands)
                 if again := _reload(answers):  # (Redis restarted, or another one): load it, send again
                     answers = self._pipeline(again + _scripts(commands))[1:]
+                if then := self._present(messages, answers):
+                    answers = [a for a in answers if not isinstance(a, (list, tuple))] + self._pipeline(then)
             except RedisError as exc:
                 self._done(push, began, exc)
                 return
@@ -315,15 +340,18 @@ class AsyncPublisher(_Base):
         """Carry out *push*; never raises (see the module's docs)."""
         from redis.exceptions import RedisError
 
-        commands = self._commands(push)
-        if commands is None:
+        planned = self._commands(push)
+        if planned is None:
             return
+        commands, messages = planned
         with self.tracing.span(f"feedrouter.push.{push.op}", op=f"push.{push.op}"):
             began = time.perf_counter()
             try:
                 answers = await self._pipeline(commands)
                 if again := _reload(answers):
                     answers = (await self._pipeline(again + _scripts(commands)))[1:]
+                if then := self._present(messages, answers):
+                    answers = [a for a in answers if not isinstance(a, (list, tuple))] + await self._pipeline(then)
             except RedisError as exc:
                 self._done(push, began, exc)
                 return

@@ -523,3 +523,40 @@ def test_celery_workers_push_the_copies_they_write(make_config: Callable[..., Ro
         finally:
             codes = [w.stop() for w in workers]
         assert codes == [0, 0], [w.log_text()[-2000:] for w in workers]
+
+
+def test_pushes_and_subscriptions_are_counted_and_traced(open_router: Callable[..., Any], live_config: RouterConfig) -> None:
+    """Prometheus counts the pushes, the messages handed out, the subscriptions and their events; each push is a span
+    inside its writer's call span, and a catch-up a subscribe call."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from prometheus_client import CollectorRegistry
+    from router.observe.prometheus import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    feeds = open_router(live_config, clock=lambda: NOW, metrics=PrometheusMetrics(registry=registry),
+                        tracer_provider=provider)
+    live = opened(feeds.subscribe(R))
+    assert registry.get_sample_value("feedrouter_live_subscribers") == 1
+    (oid,) = feeds.write_many([item(1)])
+    until(live, is_item(oid))
+    feeds.delete(data_key("live", 1))
+    until(live, lambda e: isinstance(e, DeletedItem))
+    live.close()
+    sample = registry.get_sample_value
+    assert sample("feedrouter_pushes_total", {"op": "items", "outcome": "ok"}) == 1
+    assert sample("feedrouter_pushes_total", {"op": "edit", "outcome": "ok"}) == 1
+    assert sample("feedrouter_pushed_messages_total") == 2  # the item to its subscriber, the edit to its process
+    assert sample("feedrouter_live_events_total", {"outcome": "item"}) == 1
+    assert sample("feedrouter_live_events_total", {"outcome": "deleted"}) == 1
+    assert sample("feedrouter_live_subscribers") == 0
+    assert sample("feedrouter_calls_total", {"op": "subscribe", "outcome": "ok"}) == 1
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    push, write = spans["feedrouter.push.items"], spans["feedrouter.write_many"]
+    assert push.parent is not None and push.parent.span_id == write.context.span_id
+    assert spans["feedrouter.push.edit"].parent.span_id == spans["feedrouter.delete"].context.span_id  # type: ignore[union-attr]
+    assert "feedrouter.subscribe" in spans and "feedrouter.find.feed" in {s.name for s in exporter.get_finished_spans()}

@@ -51,7 +51,7 @@ def item(n: int, receiver: int | str = R, *, type: int | str = 1) -> FeedItem:
 def raw(push: Push) -> list[tuple[str, bytes]]:
     """What Redis would publish for *push* if every member were present: (member or 'edits', message)."""
     m = push.messages()
-    return [(mem, head + m.body) for mem, head in zip(m.members, m.heads)] + [("edits", b) for b in m.broadcast]
+    return [(mem, m.message(i)) for i, mem in enumerate(m.members)] + [("edits", b) for b in m.broadcast]
 
 
 def page(items: Sequence[FeedItem], more: bool = False) -> Page:
@@ -69,18 +69,35 @@ def test_members_tell_an_int_id_from_the_str_of_its_digits() -> None:
 def test_an_item_message_decodes_to_the_item() -> None:
     """Every kind of push decodes (head and shared body merged) to the item it names; skipped positions send nothing."""
     items = [item(1), item(2, 8)]
-    ((m1, first),) = raw(PushItems(items, [i.id for i in items], skip={1}))  # type: ignore[misc]
+    push = PushItems(items, [i.id for i in items], skip={1})
+    messages = push.messages()
+    assert messages.members == ["r:i7"] and messages.heads == () and messages.head is not None  # made on demand
+    ((m1, first),) = raw(push)  # type: ignore[misc]
     doc = decode(first)
     assert m1 == "r:i7" and doc["k"] == "item" and doc["_id"] == items[0].id and doc["data"] == {"n": 1}
     act = Activity(sender_id=3, event_time=T0, type=1, data={"x": 1}, data_key="k")
     sent = raw(PushCopies(act, [7, "8", 9], [ObjectId(), ObjectId(), ObjectId()], {"x": 2}, skip={2}))
-    assert [m for m, _ in sent] == ["r:i7", "r:s8"]
-    assert [decode(b)["receiver_id"] for _, b in sent] == [7, "8"] and decode(sent[0][1])["data"] == {"x": 2}
+    assert [m for m, _ in sent] == ["r:i7", "r:s8"] and sent[0][1] == sent[1][1]  # one message: ids are derived
+    assert decode(sent[0][1])["k"] == "copy" and decode(sent[0][1])["data"] == {"x": 2}
     ((m3, post),) = raw(PushPost(act))  # type: ignore[misc]
     assert m3 == "a:i3" and decode(post)["k"] == "post"
     assert raw(PushEdit(["a", "b"])) == [("edits", bson.encode({"k": "deleted", "keys": ["a", "b"]}))]
     assert [decode(b)["data_key"] for _, b in raw(PushEdit(["a", "b"], {"v": 1}))] == ["a", "b"]
     assert PushEdit([]).messages() == Messages() and len(PushCopies(act, [], [], {}).messages()) == 0
+
+
+def test_a_copy_pushed_by_a_fan_out_is_the_copy_its_subscriber_reads() -> None:
+    """A fan-out's message carries no id: each subscriber derives its copy's (router.ids.copy_id), the one stored."""
+    from router.ids import copy_id
+
+    act = Activity(sender_id=3, event_time=T0 + timedelta(milliseconds=125), type=1, data={"x": 1}, data_key="k")
+    ((_, message), _) = raw(PushCopies(act, [7, "7"], [ObjectId(), ObjectId()], {"x": 1}))
+    for receiver in (7, "7"):
+        s = Stream(LivePlan(receiver_id=receiver))
+        s.caught_up(CatchUp(None, 10))
+        (event,) = s.accept(message)
+        oid = copy_id(int(T0.timestamp()), "k", receiver)
+        assert event == NewItem(act.for_receiver(receiver, id=oid), encode_cursor(Position(act.event_time, oid)))
 
 
 def test_cleanups_push_what_a_fence_undid() -> None:
@@ -260,10 +277,12 @@ def shown(log: list[tuple[Push, int]]) -> dict[tuple[Any, str], Any]:
     """What a subscriber of every receiver shows after the pushes in *log*, in order: (receiver, key) -> data."""
     view: dict[tuple[Any, str], Any] = {}
     for push, _ in log:
-        for _, message in raw(push):
+        for member, message in raw(push):
             doc = decode(message)
             if doc["k"] == "item":
                 view[(doc["receiver_id"], doc["data_key"])] = doc["data"]
+            elif doc["k"] == "copy":
+                view[(int(member.split(":i")[1]), doc["data_key"])] = doc["data"]
             elif doc["k"] == "deleted":
                 view = {k: v for k, v in view.items() if k[1] not in doc["keys"]}
             elif doc["k"] == "updated":

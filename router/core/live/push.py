@@ -12,15 +12,19 @@ beyond ``push.timeout`` (:mod:`router.storage.push`).
 (``r:`` and the receiver, ``a:`` and an author); subscribers' processes keep their members in a
 presence set in Redis with an expiry. The driver sends a batch's members, one head per member and
 one shared body in one round trip, and Redis publishes to the members present only (a script), so
-a fan-out batch of 1,000 receivers with none connected sends no message at all. Edits go to one
+a fan-out batch of 1,000 receivers with none connected sends no message at all. ``write_many``'s
+items differ per receiver and cost to encode: the driver looks the members up first and encodes
+and publishes the present ones' only (a second round trip, when any is present). Edits go to one
 broadcast channel, one message per edit whatever the copies (a subscriber cannot know which of
 its shown items a key names, so every subscriber process hears every edit).
 
-**Wire format.** A message is a BSON document (the *head*), followed by a second one (the
-*body*) when several receivers share it: ``{k: "item", _id, receiver_id}`` + ``{sender_id,
-event_time, type, data, data_key}`` for a copy, ``{k: "post"}`` + the same body for an outbox
-entry, ``{k: "updated", data_key, data}``, ``{k: "deleted", keys: [...]}``, and ``{k: "gap"}``,
-which a writer sends when it reaches Redis again after pushes it could not make.
+**Wire format.** A message is one BSON document, or a head document followed by a body
+document: ``{k: "item", _id, receiver_id, sender_id, event_time, type, data, data_key}`` for an
+item of ``write_many`` or a backfill, ``{k: "copy", sender_id, event_time, type, data, data_key}``
+for a fan-out's copy (one message for the whole batch: the subscriber derives the copy's id,
+:func:`router.ids.copy_id`), ``{k: "post", ...}`` likewise for an outbox entry, ``{k: "updated",
+data_key, data}``, ``{k: "deleted", keys: [...]}``, and ``{k: "gap"}``, which a writer sends when
+it reaches Redis again after pushes it could not make.
 
 Example (what a driver does with a push)::
 
@@ -31,7 +35,7 @@ Example (what a driver does with a push)::
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
 import attrs
@@ -62,16 +66,26 @@ def member(kind: Literal["r", "a"], who: int | str) -> str:
 
 @attrs.frozen(slots=True)
 class Messages:
-    """What one push sends: ``heads[i] + body`` to ``members[i]`` if it has a live subscriber, and each of
-    ``broadcast`` to every subscriber process."""
+    """What one push sends: to ``members[i]``, if it has a live subscriber, its head and ``body``; and each of
+    ``broadcast`` to every subscriber process.
+
+    A member's head is ``heads[i]`` (none when ``heads`` is empty: the body alone), or, with ``head`` set,
+    ``head(i)``: made only for the members found present (a driver looks them up first), for messages that differ
+    per member and cost to encode (``write_many``'s items)."""
 
     members: Sequence[str] = ()
     heads: Sequence[bytes] = ()
     body: bytes = b""
     broadcast: Sequence[bytes] = ()
+    head: Callable[[int], bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.members) + len(self.broadcast)
+
+    def message(self, i: int) -> bytes:
+        """What ``members[i]`` is sent."""
+        head = self.head(i) if self.head is not None else self.heads[i] if self.heads else b""
+        return head + self.body
 
 
 class Push(abc.ABC):
@@ -113,22 +127,22 @@ class PushItems(Push):
     skip: Collection[int] = ()
 
     def messages(self) -> Messages:
-        encode = bson.encode
-        members: list[str] = []
-        heads: list[bytes] = []
-        for i, (item, oid) in enumerate(zip(self.items, self.ids)):
-            if i in self.skip:
-                continue
-            members.append(member("r", item.receiver_id))
-            heads.append(encode({"k": "item", "_id": oid, "receiver_id": item.receiver_id, "sender_id": item.sender_id,
-                                 "event_time": item.event_time, "type": item.type, "data": item.data,
-                                 "data_key": item.data_key}))
-        return Messages(members, heads)
+        chosen = [i for i in range(len(self.items)) if i not in self.skip] if self.skip else range(len(self.items))
+        items, ids = self.items, self.ids
+
+        def head(n: int) -> bytes:
+            i = chosen[n]
+            item = items[i]
+            return bson.encode({"k": "item", "_id": ids[i], "receiver_id": item.receiver_id, "sender_id": item.sender_id,
+                                "event_time": item.event_time, "type": item.type, "data": item.data,
+                                "data_key": item.data_key})
+
+        return Messages([member("r", items[i].receiver_id) for i in chosen], head=head)
 
 
-def _body(activity: Activity, data: Any) -> bytes:
-    return bson.encode({"sender_id": activity.sender_id, "event_time": activity.event_time, "type": activity.type,
-                        "data": data, "data_key": activity.data_key})
+def _body(kind: str, activity: Activity, data: Any) -> bytes:
+    return bson.encode({"k": kind, "sender_id": activity.sender_id, "event_time": activity.event_time,
+                        "type": activity.type, "data": data, "data_key": activity.data_key})
 
 
 @attrs.frozen(slots=True)
@@ -144,11 +158,9 @@ class PushCopies(Push):
     skip: Collection[int] = ()
 
     def messages(self) -> Messages:
-        encode = bson.encode
-        chosen = [(r, oid) for i, (r, oid) in enumerate(zip(self.receivers, self.ids)) if i not in self.skip]
-        return Messages([member("r", r) for r, _ in chosen],
-                        [encode({"k": "item", "_id": oid, "receiver_id": r}) for r, oid in chosen],
-                        _body(self.activity, self.data) if chosen else b"")
+        chosen = [r for i, r in enumerate(self.receivers) if i not in self.skip] if self.skip else self.receivers
+        # one message for all: a copy's id is derived (router.ids.copy_id), so its subscriber makes it
+        return Messages([member("r", r) for r in chosen], body=_body("copy", self.activity, self.data) if chosen else b"")
 
 
 @attrs.frozen(slots=True)
@@ -160,7 +172,7 @@ class PushPost(Push):
 
     def messages(self) -> Messages:
         a = self.activity
-        return Messages([member("a", a.sender_id)], [bson.encode({"k": "post"})], _body(a, a.data))
+        return Messages([member("a", a.sender_id)], body=_body("post", a, a.data))
 
 
 @attrs.frozen(slots=True)

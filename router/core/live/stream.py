@@ -34,6 +34,7 @@ from bson.errors import InvalidBSON
 
 from ...cursor import Position, decode_state, encode_cursor
 from ...errors import InvalidCursor
+from ...ids import copy_ids
 from ...model import EPOCH, Activity, FeedItem, Page, to_millis
 from .. import calls
 from ..calls import View
@@ -305,10 +306,15 @@ class Stream:
             return [UpdatedItem(doc["data_key"], data, self.cursor)] if isinstance(data, Mapping) else []
         if kind == "gap":
             return [self.resync("missed")]
-        if kind not in ("item", "post"):
+        if kind not in ("item", "copy", "post"):
             return []
         try:
-            if kind == "post":
+            if kind == "copy":
+                receiver = self.plan.receiver_id
+                (oid,) = copy_ids(int(doc["event_time"].timestamp()), doc["data_key"], [receiver])
+                item, pulled = FeedItem(receiver_id=receiver, sender_id=doc["sender_id"], event_time=doc["event_time"],
+                                        type=doc["type"], data=doc["data"], data_key=doc["data_key"], id=oid), False
+            elif kind == "post":
                 post = Post(ObjectId(), _activity(doc))
                 shown = outbox.pulled_item(post, self.plan.receiver_id)
                 if shown is None:
@@ -318,7 +324,7 @@ class Stream:
                 item, pulled = FeedItem(receiver_id=doc["receiver_id"], sender_id=doc["sender_id"],
                                         event_time=doc["event_time"], type=doc["type"], data=doc["data"],
                                         data_key=doc["data_key"], id=doc["_id"]), False
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError, ValueError, UnicodeEncodeError):
             return []
         event = self._new(item, pulled)
         return [] if event is None else [event]
