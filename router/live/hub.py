@@ -92,11 +92,12 @@ class Hub:
         self._boxes: dict[bytes, set[Box]] = {}     # channel -> the boxes on it
         self._all: set[Box] = set()
         self._members: Counter[str] = Counter()
-        #: Of this connection: the channels subscribed (a future while Redis has not confirmed one, then None: ten
-        #: thousand subscribers keep no future each), and the members marked.
-        self._confirmed: dict[bytes, asyncio.Future[None] | None] = {}
-        self._marked: set[str] = set()
-        self._unsent: list[bytes] = []  # channels with a future, not sent yet (the next _sync sends them)
+        # Of this connection (a join or a leave touches only its own entries: ten thousand subscriptions stay cheap):
+        self._subscribed: set[bytes] = set()               # channels Redis confirmed
+        self._waiting: dict[bytes, asyncio.Future[None]] = {}  # channels asked for, not confirmed yet
+        self._unsent: dict[bytes, None] = {}               # of those, the ones the next SUBSCRIBE sends
+        self._marked: set[str] = set()                     # members in the presence set
+        self._unmarked: dict[str, None] = {}               # members the next presence script marks
         self._commands = asyncio.Lock()  # pub/sub commands go out in the order they are asked for
         self._client: Any = None
         self._pubsub: Any = None
@@ -113,13 +114,14 @@ class Hub:
         """Put *box* on its members' channels and them in the presence set; True once Redis confirmed both. False
         when Redis is not reachable now: the box is told (disconnected), and restored once the hub is back (its
         channels subscribed and its members present by then)."""
-        for m in members:
-            self._boxes.setdefault((self._prefix + m).encode(), set()).add(box)
+        channels = [(self._prefix + m).encode() for m in members]
+        for channel in channels:
+            self._boxes.setdefault(channel, set()).add(box)
         self._all.add(box)
         self._members.update(members)
         if self.up:
             try:
-                await self._sync()
+                await self._sync(channels, members)
             except Exception as exc:  # noqa: BLE001 - Redis or the connection failed: every box learns it
                 self._lost(exc)
         if not self.up:
@@ -131,26 +133,30 @@ class Hub:
     async def leave(self, box: Box, members: Sequence[str]) -> None:
         """Take *box* off its channels; channels nobody needs any more are unsubscribed (members expire)."""
         self._all.discard(box)
-        self._members.subtract(members)
-        self._members += Counter()  # (drops members at zero)
         empty = []
         for member in members:
+            self._members[member] -= 1
+            if self._members[member] <= 0:
+                del self._members[member]
+                self._marked.discard(member)
+                self._unmarked.pop(member, None)
             channel = (self._prefix + member).encode()
             boxes = self._boxes.get(channel)
-            if boxes is not None:
-                boxes.discard(box)
-                if not boxes:
-                    del self._boxes[channel]
-                    if channel in self._confirmed:
-                        waiting = self._confirmed.pop(channel)
-                        if waiting is not None and not waiting.done():  # nobody needs it now: wake who waits
-                            waiting.set_result(None)
-                        if channel in self._unsent:
-                            self._unsent.remove(channel)
-                        else:
-                            empty.append(channel)
-            if member not in self._members:
-                self._marked.discard(member)
+            if boxes is None:
+                continue
+            boxes.discard(box)
+            if boxes:
+                continue
+            del self._boxes[channel]
+            waiting = self._waiting.pop(channel, None)
+            if waiting is not None and not waiting.done():  # nobody needs it now: wake who waits
+                waiting.set_result(None)
+            if channel in self._unsent:  # never sent: nothing to take back
+                del self._unsent[channel]
+                continue
+            if waiting is not None or channel in self._subscribed:
+                self._subscribed.discard(channel)
+                empty.append(channel)
         if empty and self.up:
             try:
                 async with self._commands:
@@ -158,28 +164,31 @@ class Hub:
             except Exception as exc:  # noqa: BLE001
                 self._lost(exc)
 
-    async def _sync(self) -> None:
-        """Subscribe every channel a box needs and mark every member, until none is missing (then, with no await in
-        between, the caller may say it is up). Joins at once share the work: whoever holds the command lock sends
-        every channel pending in one ``SUBSCRIBE`` and marks every member pending in one script."""
+    async def _sync(self, channels: Sequence[bytes], members: Sequence[str]) -> None:
+        """Subscribe *channels* and mark *members*, waiting until Redis confirmed both. Joins at once share the
+        work: whoever holds the command lock sends every channel pending in one ``SUBSCRIBE`` and marks every member
+        pending in one script."""
         losses = self._losses
         loop = asyncio.get_running_loop()
+        for channel in channels:
+            if channel not in self._subscribed and channel not in self._waiting:
+                self._waiting[channel] = loop.create_future()
+                self._unsent[channel] = None
+        for member in members:
+            if member not in self._marked:
+                self._unmarked[member] = None
         while True:
-            for channel in self._boxes:
-                if channel not in self._confirmed:
-                    self._confirmed[channel] = loop.create_future()
-                    self._unsent.append(channel)
-            waiting = [f for f in self._confirmed.values() if f is not None]
-            if not waiting and all(m in self._marked for m in self._members):
+            waiting = [f for c in channels if (f := self._waiting.get(c)) is not None]
+            if not waiting and all(m in self._marked for m in members):
                 return
             async with self._commands:
-                channels, self._unsent = self._unsent, []
-                if channels:
-                    await self._pubsub.subscribe(*channels)
-                unmarked = [m for m in self._members if m not in self._marked]
-                if unmarked:
-                    await self._mark(unmarked)
-                    self._marked.update(unmarked)
+                if self._unsent:
+                    sent, self._unsent = list(self._unsent), {}
+                    await self._pubsub.subscribe(*sent)
+                if self._unmarked:
+                    marking, self._unmarked = list(self._unmarked), {}
+                    await self._mark(marking)
+                    self._marked.update(marking)
             # shielded: a join that gives up must not cancel the confirmation other joins wait for
             await asyncio.wait_for(asyncio.gather(*(asyncio.shield(f) for f in waiting)), self._confirm_within)
             if self._losses != losses:
@@ -221,13 +230,14 @@ class Hub:
 
         self._client = redis.asyncio.Redis.from_url(self.config.redis, **redis_options(self.config, patient=True))
         self._pubsub = self._client.pubsub()
-        self._confirmed.clear()
-        self._marked.clear()
-        self._unsent = []
-        self._confirmed[self._edits] = asyncio.get_running_loop().create_future()
+        self._subscribed, self._waiting, self._unsent, self._marked, self._unmarked = set(), {}, {}, set(), {}
+        self._waiting[self._edits] = asyncio.get_running_loop().create_future()
         await self._pubsub.subscribe(self._edits)  # (the reader needs a subscription to read)
         self._spawn(self._read(self._pubsub), "feed-router-live-reader")
-        await self._sync()
+        while True:  # every channel and member, those of joins made meanwhile too; then up, with no await between
+            await self._sync([self._edits, *self._boxes], list(self._members))
+            if all(c in self._subscribed for c in self._boxes) and all(m in self._marked for m in self._members):
+                break
         self.up = True
         self._spawn(self._keep(), "feed-router-live-presence")
         for box in list(self._all):
@@ -258,9 +268,9 @@ class Hub:
                     for box in (self._all if channel == edits else self._boxes.get(channel, ())):
                         box.put(message["data"])
                 elif kind == "subscribe":
-                    waiting = self._confirmed.get(channel)
+                    waiting = self._waiting.pop(channel, None)
                     if waiting is not None:
-                        self._confirmed[channel] = None
+                        self._subscribed.add(channel)
                         if not waiting.done():
                             waiting.set_result(None)
         except asyncio.CancelledError:
@@ -290,8 +300,8 @@ class Hub:
                     self.config.display_redis, redact_uri(str(exc))[:200])
         for box in list(self._all):
             box.disconnected()
-        for waiting in self._confirmed.values():  # wake joins waiting for a confirmation: they see it is down
-            if waiting is not None and not waiting.done():
+        for waiting in self._waiting.values():  # wake joins waiting for a confirmation: they see it is down
+            if not waiting.done():
                 waiting.set_result(None)
         self._reconnect()
 
