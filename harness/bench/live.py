@@ -4,6 +4,8 @@
   connected, and with 1% of the receivers subscribed (in this process, on an asyncio loop of their own),
   each against the same fan-out with no ``push:`` (today's), the three alternating in every repetition;
   targets >= 0.97 and >= 0.90.
+* ``live_write_idle``: ``write_many`` throughput with ``push:`` and nobody connected vs no ``push:``
+  (reported: the items are looked up in the presence set, encoded only for members present).
 * ``live_latency_<n>``: write-to-delivery latency with *n* subscribers in one process (one
   ``AsyncFeedRouter``, a consumer task each): a ``write`` to a random subscribed receiver, timed from
   the call to the subscriber's hand; the note gives p50 and p99, and from the write's return.
@@ -36,9 +38,9 @@ from router.observe import Event, Metrics
 from router.pushconfig import PushConfig
 from router.sync import FeedRouter
 from ..redis import LocalRedis
-from .common import NOW, P2, Result, bench_config, register, timed
+from .common import NOW, P2, Result, bench_config, interleave, make_items, register, timed
 
-__all__ = ["LIVE_SIZES", "LiveSizes", "bench_live"]
+__all__ = ["LIVE_SIZES", "LiveSizes", "bench_live", "bench_live_write"]
 
 T = TypeVar("T")
 FIRST = 10_000_000
@@ -54,11 +56,13 @@ class LiveSizes:
     subscribers: tuple[int, ...]
     writes: int
     idle: int
+    #: Items of the write_many row.
+    items: int = 30_000
 
 
 LIVE_SIZES = {
-    "full": LiveSizes(fanout=200_000, reps=3, subscribers=(1_000, 10_000), writes=200, idle=10_000),
-    "small": LiveSizes(fanout=5_000, reps=1, subscribers=(20, 100), writes=20, idle=100),
+    "full": LiveSizes(fanout=200_000, reps=3, subscribers=(1_000, 10_000), writes=200, idle=10_000, items=30_000),
+    "small": LiveSizes(fanout=5_000, reps=1, subscribers=(20, 100), writes=20, idle=100, items=2_000),
 }
 
 
@@ -113,6 +117,40 @@ def bench_live(uris: Sequence[str], sizes: LiveSizes) -> list[Result]:
     with LocalRedis() as server:
         return [*_fanout_rows(uris, server.url, sizes), *_latency_rows(uris, server.url, sizes),
                 _memory_row(uris, server.url, sizes)]
+
+
+def bench_live_write(uris: Sequence[str], sizes: LiveSizes) -> Result:
+    """The ``write_many`` row (a step of its own: ``scripts/bench --only live_write``)."""
+    with LocalRedis() as server:
+        return _write_row(uris, server.url, sizes)
+
+
+def _write_row(uris: Sequence[str], url: str, sizes: LiveSizes) -> Result:
+    patient = timedelta(seconds=60)  # one write_many of every item: on a loaded machine 10 s is not always enough
+    plain_config = attrs.evolve(bench_config(uris, "bench_live_w0"), timeout=patient)
+    pushed_config = _pushed(attrs.evolve(bench_config(uris, "bench_live_w1"), timeout=patient), url, "bench-write")
+    for config in (plain_config, pushed_config):
+        register(config)
+    clients: list[MongoClient[dict[str, Any]]] = [MongoClient(u) for u in uris]
+    items = make_items(sizes.items)
+    with FeedRouter(plain_config, clock=lambda: NOW, refresh=False) as plain, \
+            FeedRouter(pushed_config, clock=lambda: NOW, refresh=False) as pushed:
+
+        def run(router: FeedRouter) -> float:
+            for client in clients:
+                client[router.config.database].feed.delete_many({})
+            return len(items) / timed(lambda: router.write_many(items))
+
+        with_push, without = interleave(sizes.reps + 2, lambda: run(pushed), lambda: run(plain))
+    for client in clients:
+        for config in (plain_config, pushed_config):
+            client.drop_database(config.database)
+        client.close()
+    ratios = [a / b for a, b in zip(with_push, without)]
+    return Result("live_write_idle", f"write_many throughput, push: and nobody connected vs no push: "
+                  f"({len(items):,} items over 3 clusters)", "items/s", with_push, without, ratios, "-", True,
+                  f"{sizes.reps + 2} repetitions alternating which goes first; a push per write_many: one round trip "
+                  "(TIME, ZMSCORE) that finds nobody, nothing encoded")
 
 
 def _fanout_rows(uris: Sequence[str], url: str, sizes: LiveSizes) -> list[Result]:

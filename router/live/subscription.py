@@ -167,7 +167,10 @@ class Subscription(_Consumer):
         if not self._opened and not self._closed:
             self._opened = True
             self._metrics.record(Event("live_subscribers", 1))
-            self._hub.call(self._hub.hub.join(self._box, self.plan.members))
+            try:
+                self._hub.call(self._hub.hub.join(self._box, self.plan.members))
+            except RouterClosed:  # the router closed before it subscribed
+                return None
         while True:
             if self._ready:
                 return self._emit()

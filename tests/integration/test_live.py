@@ -7,17 +7,9 @@ all that was sent (no timed silence). Counts of messages come from the router's 
 
 from __future__ import annotations
 
-import queue
-import signal
-import subprocess
-import sys
 import threading
-import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from datetime import timedelta
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -26,122 +18,18 @@ import redis
 from bson import ObjectId
 
 from router import (
-    Activity, DeletedItem, FeedItem, FeedRouter, InvalidCursor, InvalidItem, ItemDeleted, LiveEvent, NewItem,
-    PushNotConfigured,
-    Resync, RouterConfig, UpdatedItem, data_key, live_cursor,
+    Activity, DeletedItem, FeedRouter, InvalidCursor, InvalidItem, ItemDeleted, NewItem, PushNotConfigured, Resync,
+    RouterConfig, UpdatedItem, data_key, live_cursor,
 )
 from router.cursor import CursorState, Position, encode_state
-from router.fanout.celery import make_app, publish_fan_out
-from router.observe import Event, Metrics
-from router.pushconfig import PushConfig
-from harness.bench_celery import WorkerProcess, worker_yaml
 from harness.proxy import CutProxy
 from harness.redis import LocalRedis
 
-from .conftest import NOW, P2, register
-
-R = 1000386          # the receiver most tests watch
-S = 1000765          # a sender
-WHEN = P2 + timedelta(days=10)
-
-
-def item(n: int, receiver: int | str = R, *, sender: int | str = S, type: int | str = 1) -> FeedItem:
-    """Item *n*: later *n*, later time (a second apart)."""
-    return FeedItem(receiver_id=receiver, sender_id=sender, event_time=WHEN + timedelta(seconds=n), type=type,
-                    data={"n": n}, data_key=data_key("live", n))
-
-
-class Recorded(Metrics):
-    """Every event the router reports, kept (from any thread)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self._lock = threading.Lock()
-
-    def record(self, event: Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def total(self, name: str, **labels: str) -> float:
-        with self._lock:
-            return sum(e.value for e in self.events if e.name == name
-                       and all(getattr(e, k) == v for k, v in labels.items()))
-
-    def outcomes(self, name: str) -> Counter[str | None]:
-        """The outcomes of *name* events (for ``push``: the pushes of writes, not the gap's own sends)."""
-        with self._lock:
-            return Counter(e.outcome for e in self.events if e.name == name and e.op != "gap")
-
-
-def until(live: Any, done: Callable[[LiveEvent], bool], *, timeout: float = 60.0) -> list[LiveEvent]:
-    """Events of *live* up to and including the first that *done* accepts; fails if none comes within *timeout*."""
-    got: list[LiveEvent] = []
-    while True:
-        event = live.get(timeout=timeout)
-        assert event is not None, f"no event within {timeout:.0f} s; so far {got!r:.2000}"
-        got.append(event)
-        if done(event):
-            return got
-
-
-def opened(live: Any) -> Any:
-    """*live* subscribed and caught up, with nothing to hand out yet (``get(timeout=0)`` does both, then looks)."""
-    assert live.get(timeout=0) is None
-    return live
-
-
-def wait_for(what: str, check: Callable[[], bool], *, timeout: float = 30.0) -> None:
-    """Poll *check* until it is true; fail naming *what* after *timeout* seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.05)
-
-
-def opened_or_not(live: Any) -> tuple[Any, list[LiveEvent]]:
-    """*live* subscribed and caught up, with the events it had ready by then."""
-    ready: list[LiveEvent] = []
-    while (event := live.get(timeout=0)) is not None:
-        ready.append(event)
-    return live, ready
-
-
-def is_item(oid: ObjectId) -> Callable[[LiveEvent], bool]:
-    return lambda e: isinstance(e, NewItem) and e.item.id == oid
-
-
-def new_ids(events: list[LiveEvent]) -> list[ObjectId]:
-    return [e.item.id for e in events if isinstance(e, NewItem) and e.item.id is not None]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[LocalRedis]:
-    with LocalRedis() as server:
-        yield server
-
-
-@pytest.fixture
-def push(redis_server: LocalRedis) -> PushConfig:
-    """The push section of this test: the module's Redis, a prefix of its own, a short presence expiry."""
-    return PushConfig(redis=redis_server.url, prefix=f"t{uuid.uuid4().hex[:10]}", presence_ttl=timedelta(seconds=3))
-
-
-@pytest.fixture
-def live_config(make_config: Callable[..., RouterConfig], push: PushConfig) -> RouterConfig:
-    config = attrs.evolve(make_config(), push=push)
-    register(config)
-    return config
-
-
-@pytest.fixture
-def metrics() -> Recorded:
-    return Recorded()
-
-
-@pytest.fixture
-def feeds(open_router: Callable[..., Any], live_config: RouterConfig, metrics: Recorded) -> Any:
-    """A router with push: through this test's door."""
-    return open_router(live_config, clock=lambda: NOW, metrics=metrics)
+from .conftest import NOW, register
+from .live import (  # noqa: F401 - fixtures too
+    R, S, WHEN, Recorded, feeds, is_item, item, live_config, metrics, new_ids, opened, opened_or_not, push, redis_server,
+    until, wait_for,
+)
 
 
 # -- the protocol ------------------------------------------------------------------------------
@@ -436,93 +324,6 @@ def test_closing_the_router_ends_the_iteration(open_router: Callable[..., Any], 
     live = opened(feeds.subscribe(R))
     feeds.close()
     assert list(live) == []
-
-
-# -- the command line and the Celery workers ----------------------------------------------------
-
-
-def _lines(stream: Any, into: "queue.Queue[str]") -> None:
-    for text in stream:
-        into.put(text.rstrip("\n"))
-
-
-def _wait_line(lines: "queue.Queue[str]", want: Callable[[str], bool], what: str, *, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        assert left > 0, f"{what}: not within {timeout:.0f} s"
-        try:
-            text = lines.get(timeout=left)
-        except queue.Empty:
-            continue
-        if want(text):
-            return text
-
-
-def test_tail_prints_the_feed_and_ends_cleanly_on_ctrl_c(live_config: RouterConfig, redis_server: LocalRedis,
-                                                         tmp_path: Path) -> None:
-    """``feedrouter tail RECEIVER`` in a real process: it catches up from --cursor, prints a write as it happens, and
-    SIGINT ends it with exit 0 and no traceback."""
-    path = tmp_path / "clusters.yaml"
-    path.write_text(worker_yaml(live_config, broker=redis_server.url))
-    with FeedRouter(live_config, clock=lambda: NOW) as feeds:
-        (before,) = feeds.write_many([item(1)])
-        cursor = live_cursor(feeds.read(R))
-        (caught,) = feeds.write_many([item(2)])
-        script = Path(sys.executable).with_name("feedrouter")
-        process = subprocess.Popen([str(script), "-c", str(path), "tail", str(R), "--cursor", cursor], text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out: queue.Queue[str] = queue.Queue()
-        err: queue.Queue[str] = queue.Queue()
-        readers = [threading.Thread(target=_lines, args=(process.stdout, out), daemon=True),
-                   threading.Thread(target=_lines, args=(process.stderr, err), daemon=True)]
-        for reader in readers:
-            reader.start()
-        try:
-            _wait_line(err, lambda t: t.startswith(f"tail: following {R!r}"), "the tail to subscribe")
-            assert f"item {caught}" in _wait_line(out, lambda t: True, "the caught-up item")
-            (live,) = feeds.write_many([item(3)])
-            assert f"item {live} from {S!r} type 1 key {data_key('live', 3)}: " in _wait_line(out, lambda t: True, "the live item")
-            process.send_signal(signal.SIGINT)
-            assert process.wait(60) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        for reader in readers:
-            reader.join(10)
-        rest = list(err.queue)
-        assert rest[-1:] == ["tail: stopped"] and not any("Traceback" in t for t in rest), rest
-        assert out.empty() and str(before) not in "".join(out.queue)
-
-
-def test_celery_workers_push_the_copies_they_write(make_config: Callable[..., RouterConfig], push: PushConfig,
-                                                   redis_server: LocalRedis, tmp_path: Path) -> None:
-    """A fan-out published to two real ``feedrouter worker`` processes: each connected receiver gets its copy, pushed
-    by whichever worker wrote it, as a page shows it."""
-    config = attrs.evolve(make_config(timeout=timedelta(seconds=5)), push=push)
-    register(config)
-    broker = f"redis://127.0.0.1:{redis_server.port}/5"
-    path = tmp_path / "workers.yaml"
-    path.write_text(worker_yaml(config, broker=broker, visibility_timeout=5))
-    workers = [WorkerProcess(path, name=f"w{i}", log_path=tmp_path / f"w{i}.log") for i in range(2)]
-    with FeedRouter(config, clock=lambda: NOW) as feeds:
-        watched = [0, 1500, 3999]
-        subs = [opened(feeds.subscribe(r)) for r in watched]
-        try:
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.wait_ready(timeout=60)
-            post = Activity(sender_id=S, event_time=WHEN, type=1, data={"celery": 1}, data_key=data_key("celery", 1))
-            publish_fan_out(feeds, make_app(broker), post, range(4000))
-            for receiver, live in zip(watched, subs):
-                (event,) = until(live, lambda e: isinstance(e, NewItem), timeout=120)
-                assert isinstance(event, NewItem) and event.item == feeds.read(receiver).items[0]
-                live.close()
-        finally:
-            codes = [w.stop() for w in workers]
-        assert codes == [0, 0], [w.log_text()[-2000:] for w in workers]
 
 
 def test_pushes_and_subscriptions_are_counted_and_traced(open_router: Callable[..., Any], live_config: RouterConfig) -> None:
