@@ -75,6 +75,9 @@ OTHER_DOCUMENTS = {
     "admin/rollover.py": ({"_id"}, "the rollover lock"),
     "admin/migrate.py": ({"_id"}, "migration records, metadata documents"),
     "cli/__init__.py": ({"receiver_id", "event_time"}, "the CLI's --json output"),
+    "cli/tail.py": ({"receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
+                    "tail's --json output (an item as a page shows it)"),
+    "live/hub.py": ({"type", "data"}, "redis-py's pub/sub messages"),
     "testing/scripted.py": ({"_id"}, "the scripted store, which plays the server"),
 }
 
