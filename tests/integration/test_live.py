@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import attrs
