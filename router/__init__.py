@@ -18,13 +18,15 @@ import logging
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
-from .core.erasure import ErasureResult, ErasureStatus
+from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
+from .core.export import ExportProgress
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
+    ClusterError,
     ClusterRetired,
     ClusterUnavailable,
     ConfigError,
@@ -45,6 +47,8 @@ from .errors import (
     MigrationError,
     NoClusterForTime,
     PeriodChangeRefused,
+    PushNotConfigured,
+    RequestRefused,
     RolloverError,
     RouterClosed,
     RouterError,
@@ -58,6 +62,7 @@ from .exports import ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle
 from .fanout.threads import FanOutExecutor, FanOutHandle
 from .ids import copy_id, data_key, object_id_for, outbox_id
+from .live import AsyncSubscription, DeletedItem, LiveEvent, NewItem, Resync, Subscription, UpdatedItem, live_cursor
 from .model import Activity, ClusterMeta, FeedItem, Page
 from .sync import FeedRouter
 from .timemap import ReadWindow, TimeMap
@@ -67,17 +72,22 @@ __all__ = [
     "AsyncFanOutExecutor",
     "AsyncFanOutHandle",
     "AsyncFeedRouter",
+    "AsyncSubscription",
     "BackfillResult",
     "ClusterConfig",
+    "ClusterError",
     "ClusterMeta",
     "ClusterRetired",
     "ClusterUnavailable",
     "ConfigError",
     "ConfigProblem",
     "DeleteFailed",
+    "DeletedItem",
     "ErasureFailed",
+    "ErasureProgress",
     "ErasureResult",
     "ErasureStatus",
+    "ExportProgress",
     "ExportResult",
     "FanOutConflict",
     "FanOutExecutor",
@@ -99,29 +109,37 @@ __all__ = [
     "UnknownLayout",
     "ItemRefused",
     "JobStatus",
+    "LiveEvent",
     "MetadataError",
     "MigrationError",
+    "NewItem",
     "NoClusterForTime",
     "Page",
     "PeriodChangeRefused",
     "Position",
     "PublishResult",
+    "PushNotConfigured",
     "ReadWindow",
+    "RequestRefused",
+    "Resync",
     "RolloverError",
     "RouterClosed",
     "RouterConfig",
     "RouterError",
     "SenderErased",
     "StaleMetadata",
+    "Subscription",
     "TimeMap",
     "Unseen",
     "UnseenGroups",
     "UpdateFailed",
+    "UpdatedItem",
     "WriteFailed",
     "WrongEventLoop",
     "__version__",
     "copy_id",
     "data_key",
+    "live_cursor",
     "load_config",
     "object_id_for",
     "outbox_id",

@@ -25,11 +25,12 @@ from typing import Any, Literal, overload
 
 from bson import ObjectId
 
-from .aio_base import AsyncDoorBase, first
+from .aio_base import first
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
-from .core.erasure import ErasureResult, ErasureStatus
+from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
+from .core.export import ExportProgress
 from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
@@ -42,6 +43,7 @@ from .cursor import Position
 from .errors import RouterClosed, WriteFailed
 from .exports import ExportFolder, ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, Receivers
+from .live.doors import AsyncLiveDoor
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.aclusters import AsyncClusters
@@ -51,7 +53,7 @@ __all__ = ["AsyncFeedRouter"]
 log = logging.getLogger(__name__)
 
 
-class AsyncFeedRouter(AsyncDoorBase):
+class AsyncFeedRouter(AsyncLiveDoor):
     """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``, on asyncio.
 
     Example (in a FastAPI lifespan)::
@@ -244,12 +246,13 @@ class AsyncFeedRouter(AsyncDoorBase):
             await feeds.mark_read(7, [page.groups[0]])
 
         *key* is a :class:`GroupBy` (or its text, ``"type,data.target/1d"``); each group carries
-        exact item and distinct-actor counts (counted on the server, never by reading its items),
-        the newest item of each of its *newest* newest actors, its first and last time, and
+        its exact item count and its distinct actors (counted on the server, never by reading its
+        items; exact up to 1,000 items in a period, ``actors_capped`` beyond: "999+ others"), the
+        newest item of each of its *newest* newest actors, its first and last time, and
         ``seen``/``read``. Pass ``next_cursor`` for the next page: every group once per walk; a
         group that gets a new item meanwhile is not served again (it leads the next walk).
         *pull* and *types* work as in :meth:`read`. Raises :class:`ClusterUnavailable` for a
-        cluster the page needs.
+        cluster the page needs (:class:`RequestRefused` where its server refuses a request).
         """
         return await self._run("read_groups", lambda v: calls.read_groups(
             v, receiver_id, key=key, limit=limit, newest=newest, cursor=cursor, pull=pull, types=types))
@@ -264,8 +267,10 @@ class AsyncFeedRouter(AsyncDoorBase):
             await feeds.mark_read(7, "all")                    # "mark all as read"
 
         A group passed as a value is read through its newest item (a newer item makes it unread
-        again); a key or ``"all"`` marks through now. Marks are inserted, never updated, so two
-        devices marking at once lose nothing, on every supported server.
+        again), and must be one a page returned (:class:`InvalidItem` naming ``groups[i]``
+        otherwise); a key or ``"all"`` marks through now. Each mark is stored in the cluster that
+        owns its position. Marks are inserted, never updated, so two devices marking at once lose
+        nothing, on every supported server.
         """
         return await self._run("mark_read", lambda v: calls.mark_read(v, receiver_id, groups))
 
@@ -441,7 +446,8 @@ class AsyncFeedRouter(AsyncDoorBase):
 
     # -- a user's data ------------------------------------------------------------------
 
-    async def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
+    async def erase_user(self, user_id: int | str, *, requested_by: str,
+                         progress: Callable[[ErasureProgress], None] | None = None) -> ErasureResult:
         """Remove everything *user_id* sent and everything addressed to them, from every cluster; return the counts.
 
         Example::
@@ -453,8 +459,14 @@ class AsyncFeedRouter(AsyncDoorBase):
         who asked, when, and at the end the counts), which every fan-out batch, Celery task,
         backfill and publish reads after writing, so nothing still running leaves a copy.
         Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
+
+        *progress*, when given, is called with an :class:`~router.core.erasure.ErasureProgress` (a cluster, the
+        documents removed there so far, finished or not) after every statement that removed something and once per
+        cluster at the end, from whatever runs that cluster's share: keep it quick. ``feedrouter erase`` shows it on a
+        terminal.
         """
-        return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by))
+        return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by,
+                                                                                progress=progress))
 
     async def erasure_status(self, user_id: int | str) -> ErasureStatus:
         """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
@@ -469,7 +481,8 @@ class AsyncFeedRouter(AsyncDoorBase):
         """
         return await self._run("erasure_status", lambda v: calls.erasure_status(v, user_id))
 
-    async def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
+    async def export_user(self, user_id: int | str, out: str | PathLike[str], *,
+                          progress: Callable[[ExportProgress], None] | None = None) -> ExportResult:
         """Write what the router holds about *user_id* (posts sent, items received, seen markers, read marks of
         groups) into the existing, empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each
         file's SHA-256.
@@ -485,10 +498,14 @@ class AsyncFeedRouter(AsyncDoorBase):
         :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
         removed).
 
+        *progress*, when given, is called with an :class:`~router.core.export.ExportProgress` (the stream, the period
+        it reads, the stream's records so far) after every record written: keep it quick. ``feedrouter export`` shows
+        it on a terminal.
+
         On this door the files are written from the event loop, a buffered line at a time.
         """
         self._on_loop("export_user")
-        folder = ExportFolder(out, user_id=calls.user(user_id))
+        folder = ExportFolder(out, user_id=calls.user(user_id), progress=calls.callback(progress))
         try:
             summary = await self._run("export_user", lambda v: calls.export_user(v, user_id, folder))
         except BaseException:
@@ -508,6 +525,7 @@ class AsyncFeedRouter(AsyncDoorBase):
         if self._fanouts is not None:
             await self._fanouts.close(drain=False)
         await self.stop_refresh()
+        await self._close_live()
         if self._idle is not None:
             try:
                 await asyncio.wait_for(self._idle.wait(), self.settings.timeout + 5)

@@ -25,7 +25,8 @@ from bson import ObjectId
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
-from .core.erasure import ErasureResult, ErasureStatus
+from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
+from .core.export import ExportProgress
 from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
@@ -38,17 +39,18 @@ from .cursor import Position
 from .errors import WriteFailed
 from .exports import ExportFolder, ExportResult
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
+from .live.doors import LiveDoor
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.clusters import Clusters
-from .sync_base import SyncDoorBase, _Calls
+from .sync_base import _Calls
 
 __all__ = ["FeedRouter"]
 
 log = logging.getLogger(__name__)
 
 
-class FeedRouter(SyncDoorBase):
+class FeedRouter(LiveDoor):
     """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``.
 
     Example::
@@ -209,12 +211,13 @@ class FeedRouter(SyncDoorBase):
             feeds.mark_read(7, [page.groups[0]])
 
         *key* is a :class:`GroupBy` (or its text, ``"type,data.target/1d"``); each group carries
-        exact item and distinct-actor counts (counted on the server, never by reading its items),
-        the newest item of each of its *newest* newest actors, its first and last time, and
+        its exact item count and its distinct actors (counted on the server, never by reading its
+        items; exact up to 1,000 items in a period, ``actors_capped`` beyond: "999+ others"), the
+        newest item of each of its *newest* newest actors, its first and last time, and
         ``seen``/``read``. Pass ``next_cursor`` for the next page: every group once per walk; a
         group that gets a new item meanwhile is not served again (it leads the next walk).
         *pull* and *types* work as in :meth:`read`. Raises :class:`ClusterUnavailable` for a
-        cluster the page needs.
+        cluster the page needs (:class:`RequestRefused` where its server refuses a request).
         """
         return self._run("read_groups", calls.read_groups(
             self._view(), receiver_id, key=key, limit=limit, newest=newest, cursor=cursor, pull=pull, types=types))
@@ -229,8 +232,10 @@ class FeedRouter(SyncDoorBase):
             feeds.mark_read(7, "all")                    # "mark all as read"
 
         A group passed as a value is read through its newest item (a newer item makes it unread
-        again); a key or ``"all"`` marks through now. Marks are inserted, never updated, so two
-        devices marking at once lose nothing, on every supported server.
+        again), and must be one a page returned (:class:`InvalidItem` naming ``groups[i]``
+        otherwise); a key or ``"all"`` marks through now. Each mark is stored in the cluster that
+        owns its position. Marks are inserted, never updated, so two devices marking at once lose
+        nothing, on every supported server.
         """
         return self._run("mark_read", calls.mark_read(self._view(), receiver_id, groups))
 
@@ -404,7 +409,8 @@ class FeedRouter(SyncDoorBase):
 
     # -- a user's data (docs: "Erasing and exporting a user") -----------------------------
 
-    def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
+    def erase_user(self, user_id: int | str, *, requested_by: str,
+                   progress: Callable[[ErasureProgress], None] | None = None) -> ErasureResult:
         """Remove everything *user_id* sent and everything addressed to them, from every cluster; return the counts.
 
         Example::
@@ -416,8 +422,14 @@ class FeedRouter(SyncDoorBase):
         who asked, when, and at the end the counts), which every fan-out batch, Celery task,
         backfill and publish reads after writing, so nothing still running leaves a copy.
         Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
+
+        *progress*, when given, is called with an :class:`~router.core.erasure.ErasureProgress` (a cluster, the
+        documents removed there so far, finished or not) after every statement that removed something and once per
+        cluster at the end, from whatever runs that cluster's share: keep it quick. ``feedrouter erase`` shows it on a
+        terminal.
         """
-        return self._run("erase_user", calls.erase_user(self._view(), user_id, requested_by=requested_by))
+        return self._run("erase_user", calls.erase_user(self._view(), user_id, requested_by=requested_by,
+                                                                progress=progress))
 
     def erasure_status(self, user_id: int | str) -> ErasureStatus:
         """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
@@ -432,7 +444,8 @@ class FeedRouter(SyncDoorBase):
         """
         return self._run("erasure_status", calls.erasure_status(self._view(), user_id))
 
-    def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
+    def export_user(self, user_id: int | str, out: str | PathLike[str], *,
+                    progress: Callable[[ExportProgress], None] | None = None) -> ExportResult:
         """Write what the router holds about *user_id* (posts sent, items received, seen markers, read marks of
         groups) into the existing, empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each
         file's SHA-256.
@@ -447,8 +460,12 @@ class FeedRouter(SyncDoorBase):
         :class:`InvalidItem` for a bad id or an *out* that is not an empty folder, and
         :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
         removed).
+
+        *progress*, when given, is called with an :class:`~router.core.export.ExportProgress` (the stream, the period
+        it reads, the stream's records so far) after every record written: keep it quick. ``feedrouter export`` shows
+        it on a terminal.
         """
-        folder = ExportFolder(out, user_id=calls.user(user_id))
+        folder = ExportFolder(out, user_id=calls.user(user_id), progress=calls.callback(progress))
         try:
             summary = self._run("export_user", calls.export_user(self._view(), user_id, folder))
         except BaseException:
@@ -466,6 +483,7 @@ class FeedRouter(SyncDoorBase):
         if not self._calls.close(self.settings.timeout + 5):
             log.warning("close(): calls still running after %.0f s; closing the clients under them", self.settings.timeout + 5)
         self.stop_refresh()
+        self._close_live()
         self._clusters.close()
 
     def __enter__(self) -> FeedRouter:

@@ -14,7 +14,7 @@ from .. import __version__
 from ..core.groups import MAX_GROUP_PAGE, GroupBy
 from ..core.seen import MAX_CAP
 from ..errors import InvalidItem
-from ..model import TEXT_RULE, is_id
+from ..model import TEXT_RULE, is_id, is_text
 
 __all__ = ["MIGRATIONS_HELP", "build_parser"]
 
@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         "user's data. Exits 1 if a cluster did not finish: run it again.",
     )
     erase.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
-    erase.add_argument("--by", metavar="WHO", default=None,
-                       help="who asked, kept in the record, e.g. a ticket (default: the operator's login and host)")
+    erase.add_argument("--by", metavar="WHO", type=_requester, default=None,
+                       help="who asked, kept in the record, e.g. a ticket: non-empty, at most 1,024 characters "
+                       "(default: the operator's login and host)")
     erase_status = sub.add_parser(
         "erase-status",
         help="a user's erasure records: who asked, when, the counts, finished or not",
@@ -200,9 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="export what the router holds about a user into a folder (JSON Lines and a manifest)",
         description="Write USER's posts as sent, the items they received, their seen markers and read marks into DIR "
-        "(an existing folder holding no export) as sent.jsonl, received.jsonl, seen.jsonl and read.jsonl, each in "
-        "time order "
-        "across every period, then manifest.json with the periods read and each file's records and SHA-256.",
+        "(an existing, empty folder) as sent.jsonl, received.jsonl, seen.jsonl and read.jsonl, each in time order "
+        "across every period, then manifest.json with the periods read and each file's records and SHA-256. "
+        "A DIR that is missing, a file, or not empty exits 2 before anything is read.",
     )
     export.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
     export.add_argument("dir", metavar="DIR", type=Path, help="an existing, empty folder")
@@ -221,6 +222,20 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_argument("--cursor", default=None, help="the next_cursor a previous page printed")
     groups.add_argument("--pull", action="append", type=_receiver_arg, default=None, metavar="SENDER",
                         help="merge in the outbox of this pulled sender (repeat for more)")
+    tail = sub.add_parser(
+        "tail",
+        help="print a receiver's live feed as it changes, until Ctrl-C (needs push: in clusters.yaml)",
+        description="Subscribe to RECEIVER's feed and print one line per event as it comes: a new item, an update, a "
+        "delete, or a resync (Redis was lost or a writer could not push: the items are caught up, edits may have been "
+        "missed). With --cursor (a page's or an event's), every item stored after it comes first, once. Ctrl-C or "
+        "SIGTERM ends it, exit 0. RECEIVER as for 'unseen'.",
+    )
+    tail.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
+    tail.add_argument("--cursor", default=None, help="start after this position (a page's or an event's cursor)")
+    tail.add_argument("--pull", action="append", type=_receiver_arg, default=None, metavar="SENDER",
+                      help="also this pulled sender's new posts (repeat for more)")
+    tail.add_argument("--types", action="append", type=_receiver_arg, default=None, metavar="TYPE",
+                      help="only items of this type (repeat for more)")
     for command in sub.choices.values():  # --json after the subcommand too (SUPPRESS: absent there, the top's stays)
         command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
     return parser
@@ -235,6 +250,14 @@ def _receiver_arg(text: str) -> int | str:
         return value
     if not is_id(text):
         raise argparse.ArgumentTypeError(f"{TEXT_RULE} (got {text!r:.80})")
+    return text
+
+
+def _requester(text: str) -> str:
+    """``erase --by``: who asked, as ``erase_user``'s ``requested_by`` takes it (an empty one is refused, not replaced
+    by the operator's login)."""
+    if not is_text(text):
+        raise argparse.ArgumentTypeError(f"{TEXT_RULE}: who asked for the erasure, e.g. a ticket (got {text!r:.80})")
     return text
 
 

@@ -15,6 +15,7 @@ from router.core.fanout import FanOutJob, batch_program
 from router.core.checkpoint import fenced_status, start_job
 from router.core.fence import DELETED, NEVER, Fence, FenceMemo, fence_of
 from router.core.policy import RetryPolicy
+from router.core.live.push import Push
 from router.core.steps import Concurrently, Find, Insert
 from router.core.runs import STOP
 from router.core.tally import RunState
@@ -136,6 +137,8 @@ def waves(program: Any, store: ScriptedStore) -> tuple[Any, list[list[tuple[str,
         """The pending leaves under *gen* after sending it *reply*: ``(generator, request)`` pairs."""
         try:
             request = gen.send(reply)
+            while isinstance(request, Push):  # a live push is answered at once, as a driver does: no round trip
+                request = gen.send(None)
         except StopIteration as stop:
             finished[id(gen)] = stop.value
             return []

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ...model import FeedItem
+from ...model import FeedItem, identity
 from ..steps import Collection, Delete, Failure, Find, Insert, Program, Request
 from .base import Writer
 
@@ -49,6 +49,8 @@ _OLDEST_FIRST = (("event_time", 1), ("_id", 1))
 
 def entry_id(sender_id: int | str, data_key: str) -> str:
     """The ``_id`` of the registry entry of *sender_id*'s post *data_key*: the pair, length-prefixed and tagged."""
+    if type(sender_id) is not int and type(sender_id) is not str:  # (an Int64: its int; the usual ids skip the call)
+        sender_id = identity(sender_id, "sender_id")
     tag = "i" if type(sender_id) is int else "s"
     return f"{len(data_key)}:{data_key}{tag}{sender_id}"
 
