@@ -20,6 +20,7 @@ from pymongo import MongoClient
 
 from router import Activity, FeedItem, RouterConfig, data_key
 from router.core.edits import update_program
+from router.core.live.push import Push
 from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS
 from router.core.settings import Settings
 from router.core.steps import Concurrently, Delete, Insert, Program, Report, Sleep, Update, Upserts
@@ -206,7 +207,7 @@ def flat(program: Program[Any]) -> Generator[Any, Any, Any]:
             reply = []
             for sub in request.programs:
                 reply.append((yield from flat(sub)))
-        elif isinstance(request, (Report, Sleep)):
+        elif isinstance(request, (Report, Sleep, Push)):  # (a live push: answered at once, as a driver does)
             reply = None
         else:
             reply = yield request
