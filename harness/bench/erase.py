@@ -37,14 +37,12 @@ from router.model import Activity, FeedItem
 from router.sync import FeedRouter
 
 from ..commands import CommandLog
-from .common import NOW, P0, P1, P2, Result, bench_config, make_items, register, timed
+from .common import NOW, P0, P1, P2, PATIENT, Result, bench_config, make_items, register, timed
 
 __all__ = ["SENDER_INDEX", "bench_erase", "bench_registry", "bench_sender_index"]
 
 #: The index erasure would use to find a sender's copies in a copies period.
 SENDER_INDEX = [("sender_id", 1)]
-#: Each call's timeout: a write_many of 30,000 items can take longer than the default 10 s on a loaded machine.
-PATIENT = timedelta(seconds=120)
 
 
 def bench_sender_index(uris: Sequence[str], *, copies: int = 50_000, writes: int = 20_000, reps: int = 3) -> Result:
@@ -208,7 +206,7 @@ def _store_posts(db: Any, user: int, start: datetime, numbers: Iterable[int], fo
         seconds = int(when.timestamp())
         post = Activity(sender_id=user, event_time=when, type=1, data={"post": n}, data_key=key)
         db.outbox.insert_many(outbox.OUTBOX.documents([Post(outbox_id(seconds, key), post)]))
-        db.posts.insert_many(posts.REGISTRY.documents([posts.Registered(user, key, when)]))
+        db.posts.insert_many(posts.REGISTRY.documents([posts.Registered(user, key, when).entry()]))
         db.fanouts.insert_one({"_id": f"{key}:{n}", "data_key": key, "event_time": when, "batch_size": 1000,
                                "status": "done", "batches_total": -(-followers // 1000), "runs": 1})
         chunk += LAYOUTS["copies"].fan_documents(FanBatch(copy_ids(seconds, key, receivers), receivers, user, when, 1,

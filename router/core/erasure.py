@@ -10,13 +10,13 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    (:mod:`router.core.fence`), so a fan-out batch, Celery task, backfill or publish still
    running removes what it writes for the user, and later ones of the user's posts are
    refused (:class:`~router.errors.SenderErased`): only inserts decide, as for the edit fence.
-2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts
-   (:mod:`router.core.layouts.posts`, and their ``outbox`` entries), then every copy of those
+2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts (a page of
+   their registry documents, :mod:`router.core.layouts.posts`, and their ``outbox`` entries), then every copy of those
    posts in every receiver's feed, a few posts at a time (:meth:`Layout.remove_sent`), the fan-out job records of
    those posts (``fanouts``, ``fanout_batches``, ``fanout_sent``), their edit records in
    every cluster (``edits``: an update's record holds the post's data, and an edit leaves
    one in each cluster; counted where the post was found), and last the page's ``outbox``
-   and registry entries. What names a post is removed only after everything found by it,
+   entries and registry documents (``posts`` counts documents). What names a post is removed only after everything found by it,
    so an erasure stopped half-way is finished by calling it again.
 3. **What was addressed to them**: their feed (:meth:`Layout.remove_received`) and their
    seen markers.
@@ -218,33 +218,35 @@ def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
 
 def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tuple[int, Any]]],
           counts: dict[str, int]) -> Program[RouterError | None]:
-    """Everything of the user's posts in *cluster*, a page of posts at a time (what names a post goes last)."""
+    """Everything of the user's posts in *cluster*, a page of posts at a time (what names a post goes last: the
+    page's outbox entries, then its registry documents)."""
     user, settings = plan.user_id, plan.settings
     while True:
         deadline = deadline_in(settings.timeout)
-        found: list[list[str] | Failure] = yield Concurrently([posts.registered_keys(cluster, user, deadline, limit=PAGE),
-                                                               outbox.sent_keys(cluster, user, deadline, limit=PAGE)],
-                                                              [cluster, cluster])
-        keys_found: set[str] = set()
-        for answer in found:
+        registered, sent = yield Concurrently([posts.page(cluster, user, deadline),
+                                               outbox.sent_keys(cluster, user, deadline, limit=PAGE)], [cluster, cluster])
+        for answer in (registered, sent):
             if isinstance(answer, Failure):
                 return answer.error
-            keys_found.update(answer)
-        keys = sorted(keys_found)
-        if not keys:
+        keys = sorted({key for _t, key in registered.posts} | set(sent))
+        if not keys and not registered.ids:
             return None
-        trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
-        if trouble is not None:
-            return trouble
-        error = yield from _jobs(cluster, keys, counts, settings.timeout)
-        steps = [(counted, request) for counted, request in (
-            *(("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names),  # every cluster
-            ("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))),
-            ("posts", posts.remove(cluster, user, keys, deadline_in(settings.timeout))))]
-        for counted, request in steps if error is None else ():
-            error = error or (yield from _count(request, counts, counted))
-        if error is not None:
-            return error
+        steps: list[tuple[str, Delete]] = []
+        if keys:
+            trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
+            if trouble is not None:
+                return trouble
+            trouble = yield from _jobs(cluster, keys, counts, settings.timeout)
+            if trouble is not None:
+                return trouble
+            steps += [("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names]
+            steps.append(("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))))
+        if registered.ids:
+            steps.append(("posts", posts.remove(cluster, user, registered.ids, deadline_in(settings.timeout))))
+        for counted, request in steps:
+            trouble = yield from _count(request, counts, counted)
+            if trouble is not None:
+                return trouble
 
 
 def _copies_of(cluster: str, user: int | str, keys: Sequence[str], settings: EditSettings,

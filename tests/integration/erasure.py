@@ -1,5 +1,6 @@
-"""Shared setup of the erasure tests: periods of one layout on the session's servers, and the plain-pymongo scan
-that says whether any document of any collection of any period still names a user."""
+"""Shared setup of the erasure tests: periods of one layout on the session's servers (the ``layout``, ``config`` and
+``router`` fixtures, imported by the test files that use them), and the plain-pymongo scan that says whether any
+document of any collection of any period still names a user."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from pymongo import MongoClient
 
 from router import RouterConfig
@@ -15,7 +17,7 @@ from router.admin.periods import apply_period, plan_period
 from router.storage import finds
 from router.storage.clusters import Clusters
 
-from .conftest import NAMES, PERIODS
+from .conftest import NAMES, NOW, PERIODS
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 #: The user the tests erase (an int id) and another whose data must stay.
@@ -32,6 +34,24 @@ def layout_config(make_config: Callable[..., RouterConfig], layout: str, **kwarg
             change = plan_period(clusters, name=name, start=start, end=end, creator="tests", now=start, layout=layout)
             apply_period(clusters, change, migrations=discover())
     return config
+
+
+@pytest.fixture(params=["copies", "buckets"])
+def layout(request: pytest.FixtureRequest) -> str:
+    """The layout of the test's periods: each test runs once per layout."""
+    return str(request.param)
+
+
+@pytest.fixture
+def config(make_config: Callable[..., RouterConfig], layout: str) -> RouterConfig:
+    """The test's three periods, of its layout."""
+    return layout_config(make_config, layout)
+
+
+@pytest.fixture
+def router(config: RouterConfig, open_router: Callable[..., Any]) -> Any:
+    """A router on the test's periods (of the test's layout) through the test's door, at NOW."""
+    return open_router(config, clock=lambda: NOW)
 
 
 def names(value: Any, user: Any) -> bool:

@@ -34,13 +34,13 @@ from harness.bench_celery import worker_yaml
 from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, P2
-from .erasure import USER, Clients, copies_sent, documents, layout_config, names, naming
+from .erasure import (  # noqa: F401 - the layout, config and router fixtures
+    USER, Clients, config, copies_sent, documents, layout, layout_config, names, naming, router)
 
 #: Others: a sender who pushes to the user, one who writes to them directly, and an author they backfill from.
 PUSHER, WRITER, AUTHOR = 5, 6, "author-7"
 #: A receiver who backfills the user's posts.
 READER = 400
-LAYOUTS = ["copies", "buckets"]
 
 
 @attrs.define
@@ -112,22 +112,6 @@ def populate(router: Any) -> Model:
     for stream in (model.sent, model.received):
         stream.sort(key=lambda r: r["event_time"])
     return model
-
-
-@pytest.fixture(params=LAYOUTS)
-def layout(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def config(make_config: Callable[..., RouterConfig], layout: str) -> RouterConfig:
-    return layout_config(make_config, layout)
-
-
-@pytest.fixture
-def router(config: RouterConfig, open_router: Callable[..., Any]) -> Any:
-    """A router on the test's periods (of the test's layout) through the test's door."""
-    return open_router(config, clock=lambda: NOW)
 
 
 def of_the_user(cluster: str, collection: str, doc: dict[str, Any], keys: set[str]) -> bool:
