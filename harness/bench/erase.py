@@ -8,7 +8,7 @@ run on the same server:
 * an index on the sender (:func:`bench_sender_index`): a cost on every copy written, on
   fan-out (the writer of most copies) and on ``write_many``;
 * the posts registry the router keeps instead (:mod:`router.core.layouts.posts`,
-  :func:`bench_registry`): one small insert per post, beside the copies; and the erasure
+  :func:`bench_registry`): one small document per sender and write, beside the copies; and the erasure
   check every fan-out batch makes (one more find, at the same time as the edit fence's).
 
 :func:`bench_erase` times an erasure and counts its requests.
@@ -146,9 +146,10 @@ def bench_registry(uris: Sequence[str], *, writes: int = 20_000, copies: int = 5
 
     return [
         row("registry_write_many", f"write_many of {writes:,} items, each its own post: with the posts registry / without "
-            "(items/s)", "items/s", own, "one registry insert per item's post, sent beside the copies"),
+            "(items/s)", "items/s", own, "one registry document per sender and 500 posts, sent beside the copies"),
         row("registry_write_many_shared", f"write_many of {writes:,} items, posts of 100 receivers: with the posts "
-            "registry / without (items/s)", "items/s", shared, "one registry entry per 100 copies"),
+            "registry / without (items/s)", "items/s", shared, "one registry document per sender and 500 posts (of 100 "
+            "copies each)"),
         row("erasure_check_fanout", f"fan-out of {copies:,} copies: with the erasure check / without (copies/s)",
             "copies/s", fanned, "one more find per batch (erasures, the pseudonyms of the sender and its receivers), "
             "sent with the edit fence's"),
