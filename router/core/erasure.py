@@ -10,14 +10,15 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    (:mod:`router.core.fence`), so a fan-out batch, Celery task, backfill or publish still
    running removes what it writes for the user, and later ones of the user's posts are
    refused (:class:`~router.errors.SenderErased`): only inserts decide, as for the edit fence.
-2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts (a page of
-   their registry documents, :mod:`router.core.layouts.posts`, and their ``outbox`` entries), then every copy of those
-   posts in every receiver's feed, a few posts at a time (:meth:`Layout.remove_sent`), the fan-out job records of
-   those posts (``fanouts``, ``fanout_batches``, ``fanout_sent``), their edit records in
-   every cluster (``edits``: an update's record holds the post's data, and an edit leaves
-   one in each cluster; counted where the post was found), and last the page's ``outbox``
-   entries and registry documents (``posts`` counts documents). What names a post is removed only after everything found by it,
-   so an erasure stopped half-way is finished by calling it again.
+2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts (a page
+   of their registry documents, :mod:`router.core.layouts.posts`, and their ``outbox``
+   entries), then every copy of those posts in every receiver's feed, a few posts at a time
+   (:meth:`Layout.remove_sent`), the fan-out job records of those posts (``fanouts``,
+   ``fanout_batches``, ``fanout_sent``), their edit records in every cluster (``edits``: an
+   update's record holds the post's data, and an edit leaves one in each cluster; counted
+   where the post was found), and last the page's ``outbox`` entries and registry documents
+   (``posts`` counts documents). What names a post is removed only after everything found
+   by it, so an erasure stopped half-way is finished by calling it again.
 3. **What was addressed to them**: their feed (:meth:`Layout.remove_received`) and their
    seen markers.
 4. **The proof.** The record is marked ``done`` with this cluster's counts per collection.

@@ -15,8 +15,8 @@ writes it to a file), three streams:
 
 Only values cross here: the layouts and :mod:`.seen` read the stored documents, and the
 sink turns each value into a record. Memory stays bounded: each stream is read a page of
-:data:`PAGE` at a time, and a value goes to the sink as soon as it is read, with its
-period (the cluster). Periods do not overlap, so taking them oldest first keeps each stream in time order.
+:data:`PAGE` at a time, and a value goes to the sink as soon as it is read (``sent``: as
+soon as no page still to read can list it), with its period (the cluster). Periods do not overlap, so taking them oldest first keeps each stream in time order.
 
 Example::
 
