@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,9 @@ from router.model import ClusterMeta, FeedItem
 from router.sync import FeedRouter
 from .common import (NAMES, NOW, P0, P1, P2, PATIENT, Result, bench_config, cpu_timed, interleave, make_items, register,
                      timed)
+
+#: The posts registry's index (migration 0006's ``sender_time_id``), made again after each reset, as a period has it.
+POSTS_INDEX = (("sender_id", 1), ("event_time", 1), ("_id", 1))
 
 
 def bench_writes(uris: Sequence[str], n: int, reps: int) -> Result:
@@ -41,10 +44,40 @@ def bench_write_again(uris: Sequence[str], n: int, reps: int) -> Result:
                   "their posts still registered); the same insert_many as write_ratio's")
 
 
-def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *,
-                     again: bool) -> tuple[list[float], list[float]]:
+def bench_write_batches(uris: Sequence[str], n: int, reps: int, sizes: Sequence[int] = (1000, 5000, 25000)) -> list[Result]:
+    """write_many at each ``write.batch_size`` of *sizes* in turn (the order turned each repetition), and insert_many of
+    the same documents, in one run: what larger batches buy (FerretDB 2 refuses more than 25,000 writes per command)."""
+    rates: dict[int, list[float]] = {size: [] for size in sizes}
+    raw: list[float] = []
+
+    def measure(router: FeedRouter, write: Callable[[], float], insert: Callable[[], float]) -> None:
+        settings = router.settings
+        for rep in range(reps + 1):  # the first repetition warms up
+            turn = rep % len(sizes)
+            for size in [*sizes[turn:], *sizes[:turn]]:
+                router.settings = attrs.evolve(settings, write=attrs.evolve(settings.write, batch_size=size))
+                rate = write()
+                if rep:
+                    rates[size].append(rate)
+            rate = insert()
+            if rep:
+                raw.append(rate)
+        router.settings = settings
+
+    _write_vs_insert(uris, "bench_router_batches", n, reps, again=False, measure=measure)
+    return [Result(f"write_batch_{size}", f"write throughput, {n:,} items over 3 clusters, write.batch_size {size:,}",
+                   "items/s", rates[size], raw, [a / b for a, b in zip(rates[size], raw)], "-", True,
+                   f"write_many at batch_size {size:,}: {statistics.median(rates[size]):,.0f} items/s, against "
+                   f"{statistics.median(rates[sizes[0]]):,.0f} at {sizes[0]:,} in the same run")
+            for size in sizes]
+
+
+def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *, again: bool,
+                     measure: Callable[[FeedRouter, Callable[[], float], Callable[[], float]], Any] | None = None,
+                     ) -> tuple[list[float], list[float]]:
     """Rates of write_many of n items (written once before, unmeasured, when *again*) and of insert_many of their
-    documents, alternately; the router's collections are emptied before each write (its posts only when not *again*)."""
+    documents, alternately (or as *measure* takes them); the router's collections are emptied before each write
+    (its posts only when not *again*)."""
     config = attrs.evolve(bench_config(uris, database), timeout=PATIENT)
     register(config)
     raw_db = "bench_raw"
@@ -58,10 +91,11 @@ def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *,
         def reset(db: str, *, posts: bool = True) -> None:
             for c in clients:
                 c[db].feed.drop()
-                if posts:
-                    c[db].posts.drop()  # (the registry's index, migration 0006's, is not needed to insert)
                 for index in copies.indexes():
                     c[db].feed.create_index(list(index.keys), name=index.name)
+                if posts:
+                    c[db].posts.drop()
+                    c[db].posts.create_index(list(POSTS_INDEX), name="sender_time_id")
 
         def run_router() -> float:
             reset(database)
@@ -84,7 +118,12 @@ def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *,
 
             return n / timed(insert)
 
-        r, w = interleave(reps, run_router, run_raw)
+        if measure is not None:
+            measure(router, run_router, run_raw)
+            r: list[float] = []
+            w: list[float] = []
+        else:
+            r, w = interleave(reps, run_router, run_raw)
     for c in clients:
         c.close()
     return r, w
@@ -162,6 +201,7 @@ def bench_handwritten(uris: Sequence[str], n: int, reps: int) -> Result:
         for c in clients.values():
             c[database].feed.drop()
             c[database].posts.drop()  # (each repetition writes the same posts: registered afresh, as the first time)
+            c[database].posts.create_index(list(POSTS_INDEX), name="sender_time_id")
 
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
         def run_router() -> float:
