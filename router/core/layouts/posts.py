@@ -12,16 +12,20 @@ instead, in the cluster that holds the copies, beside them::
 
 ``keys`` are the sender's posts among the write's items (each once, at most :data:`KEYS`
 to a document; a write of more takes several), ``times[i]`` the time ``keys[i]`` was
-written at (its first item's). A sender's documents are found by the registry's ``{sender_id, event_time,
-_id}`` index, a page of about :data:`KEYS` posts at a time (:func:`page`), then their
-copies by the copies' own ``data_key`` index. Its writers:
+written at (its first item's). A sender's documents are found by the registry's
+``{sender_id, event_time, _id}`` index, a page of about :data:`KEYS` posts at a time
+(:func:`page`), then their copies by the copies' own ``data_key`` index. Its writers:
 
 * ``write``/``write_many``: one document per sender in each cluster share, sent at the
   same time as its copies (:func:`of_items`, :func:`router.core.writes.write_program`),
   under an id drawn fresh for it: an insert that never meets a duplicate (a send the
   insert loop makes again of the same documents is the only one that can, and such a
   duplicate is that document). An item whose post could not be registered is reported
-  not written (:class:`~router.errors.WriteFailed`: write it again);
+  not written (:class:`~router.errors.WriteFailed`: write it again). Measured on FerretDB 2
+  (1,000 documents a command, load average 5): an insert took the server 118 µs a
+  document, an upsert of a document by an id derived from its posts 184 µs (and 46 µs when
+  it was there already), and a duplicate answered to an insert cost the client 7.1 µs a
+  document to build the error; a fresh id costs neither;
 * a fan-out job, once per run, before its first batch (:func:`router.core.checkpoint.start_job`);
 * ``publish``, with the outbox entry (:func:`router.core.social.store_outbox`).
   These two register one post alone, under an id derived from the post
