@@ -64,7 +64,9 @@ def bench_write_batches(uris: Sequence[str], n: int, reps: int, sizes: Sequence[
                 raw.append(rate)
         router.settings = settings
 
-    _write_vs_insert(uris, "bench_router_batches", n, reps, again=False, measure=measure)
+    # One insert of a large batch may take longer than the default socketTimeoutMS (10 s) on a loaded machine.
+    _write_vs_insert(uris, "bench_router_batches", n, reps, again=False, measure=measure,
+                     options={"socketTimeoutMS": int(PATIENT.total_seconds() * 1000)})
     return [Result(f"write_batch_{size}", f"write throughput, {n:,} items over 3 clusters, write.batch_size {size:,}",
                    "items/s", rates[size], raw, [a / b for a, b in zip(rates[size], raw)], "-", True,
                    f"write_many at batch_size {size:,}: {statistics.median(rates[size]):,.0f} items/s, against "
@@ -74,11 +76,14 @@ def bench_write_batches(uris: Sequence[str], n: int, reps: int, sizes: Sequence[
 
 def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *, again: bool,
                      measure: Callable[[FeedRouter, Callable[[], float], Callable[[], float]], Any] | None = None,
-                     ) -> tuple[list[float], list[float]]:
+                     options: dict[str, Any] | None = None) -> tuple[list[float], list[float]]:
     """Rates of write_many of n items (written once before, unmeasured, when *again*) and of insert_many of their
     documents, alternately (or as *measure* takes them); the router's collections are emptied before each write
-    (its posts only when not *again*)."""
+    (its posts only when not *again*). *options*: driver options of the router's clusters."""
     config = attrs.evolve(bench_config(uris, database), timeout=PATIENT)
+    if options:
+        config = attrs.evolve(config, clusters=tuple(attrs.evolve(c, options={**c.options, **options})
+                                                     for c in config.clusters))
     register(config)
     raw_db = "bench_raw"
     clients: list[MongoClient[dict[str, Any]]] = [MongoClient(u, tz_aware=True) for u in uris]
