@@ -46,7 +46,7 @@ import pymongo
 import pymongo.errors
 
 from .errors import HarnessError
-from .documentdb import DOCUMENTDB_SETTINGS, DOCUMENTDB_VERSION, FERRETDB2_VERSION, ensure_ferretdb2
+from .documentdb import DOCUMENTDB_SETTINGS, DOCUMENTDB_VERSION, FERRETDB2_VERSION, ensure_ferretdb2, vacuum_collection
 from .ferretdb import FERRETDB_VERSION, ensure_ferretdb
 from .javaserver import JAVASERVER_VERSION, ensure_javaserver
 from .postgres import RESERVED_DATABASES, LocalPostgres, find_postgres
@@ -279,6 +279,23 @@ class LocalClusters:
         if self.postgres is None or not self.postgres.alive:
             raise HarnessError("create_user: start the clusters first")
         self.postgres.create_user(name, password, databases=self.names)
+
+    def vacuum(self, name: str, database: str, collection: str) -> bool:
+        """Free the space of *collection*'s dead document versions on cluster *name* now (PostgreSQL's ``VACUUM`` of
+        the table DocumentDB keeps it in); False, doing nothing, on a backend that keeps no such table.
+
+        Tests use it to make FerretDB 2 place the next updated documents before a cursor's position, where
+        ``getMore`` would skip them (``docs/ferretdb2-cursor-bug.md``), instead of waiting for autovacuum.
+
+        Example::
+
+            >>> clusters.vacuum("cluster_1", "feeds", "feed")  # doctest: +SKIP
+            True
+        """
+        if self.backend != "ferretdb2":
+            return False
+        vacuum_collection(self.postgres_servers[self.names.index(name)], database, collection)
+        return True
 
     @property
     def auth_mechanism(self) -> str:

@@ -28,6 +28,7 @@ import attrs
 
 from .errors import HarnessError
 from .pgfind import PostgresBinaries, server_version
+from .postgres import LocalPostgres, quote_literal
 from .process import tail
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "DocumentDBTree",
     "ensure_ferretdb2",
     "ferretdb2_command",
+    "vacuum_collection",
 ]
 
 logger = logging.getLogger(__name__)
@@ -155,3 +157,19 @@ def ferretdb2_command(binary: Path, *, port: int, state_dir: Path, postgresql_ur
         "--telemetry=disable",
         "--log-level=warn",
     ]
+
+
+def vacuum_collection(pg: LocalPostgres, database: str, collection: str) -> None:
+    """``VACUUM`` the table DocumentDB keeps the collection *database*.*collection* in, on the PostgreSQL *pg* behind
+    one cluster: the space of its dead document versions is then free for the next writes (as autovacuum makes it,
+    when it chooses).
+
+    Example::
+
+        >>> vacuum_collection(clusters.postgres_servers[0], "feeds", "feed")  # doctest: +SKIP
+    """
+    found = pg.run_sql("SELECT collection_id FROM documentdb_api_catalog.collections WHERE database_name = "
+                       f"{quote_literal(database)} AND collection_name = {quote_literal(collection)}")
+    if not found.isdigit():
+        raise HarnessError(f"vacuum: no collection {database}.{collection} on PostgreSQL port {pg.port}")
+    pg.run_sql(f"VACUUM documentdb_data.documents_{found};")

@@ -378,6 +378,10 @@ class LocalPostgres:
                 )
             time.sleep(POLL_INTERVAL)
 
+    def run_sql(self, sql: str, *, database: str = "postgres") -> str:
+        """Run *sql* as the superuser (tests and tools that look under a wire server); return the rows as text."""
+        return self._psql(sql, database=database)
+
     def _psql(self, sql: str, *, database: str = "postgres", timeout: float = 60, redact: str = "") -> str:
         """Run ``sql`` (given on stdin, so no argument shows it) as the superuser; return the rows."""
         command = [

@@ -49,9 +49,11 @@ NOT_IMPLEMENTED = 238
 
 
 def registry_id(sender_id: Any, data_key: str) -> str:
-    """A registry entry's ``_id`` (``router.core.registry.entry_id`` when this was written; a test keeps them equal)."""
-    tag = "i" if type(sender_id) is int else "s"
-    return f"{len(data_key)}:{data_key}{tag}{sender_id}"
+    """A registry entry's ``_id`` (``router.core.layouts.posts.entry_id`` when this was written; a test keeps them
+    equal). A sender stored as a 64-bit int comes back as ``bson.Int64``: it is the same user as the int, so the
+    same entry (``router.model.identity``)."""
+    is_int = isinstance(sender_id, int) and not isinstance(sender_id, bool)
+    return f"{len(data_key)}:{data_key}{'i' if is_int else 's'}{int(sender_id) if is_int else sender_id}"
 
 
 def pipelines(layout: str) -> list[tuple[str, list[dict[str, Any]]]]:

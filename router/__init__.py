@@ -18,7 +18,8 @@ import logging
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
 from .core.checkpoint import JobStatus
-from .core.erasure import ErasureResult, ErasureStatus
+from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
+from .core.export import ExportProgress
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
 from .core.seen import Unseen
 from .core.social import BackfillResult, PublishResult
@@ -76,8 +77,10 @@ __all__ = [
     "ConfigProblem",
     "DeleteFailed",
     "ErasureFailed",
+    "ErasureProgress",
     "ErasureResult",
     "ErasureStatus",
+    "ExportProgress",
     "ExportResult",
     "FanOutConflict",
     "FanOutExecutor",

@@ -29,7 +29,8 @@ from .aio_base import AsyncDoorBase, first
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
-from .core.erasure import ErasureResult, ErasureStatus
+from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
+from .core.export import ExportProgress
 from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
@@ -441,7 +442,8 @@ class AsyncFeedRouter(AsyncDoorBase):
 
     # -- a user's data ------------------------------------------------------------------
 
-    async def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
+    async def erase_user(self, user_id: int | str, *, requested_by: str,
+                         progress: Callable[[ErasureProgress], None] | None = None) -> ErasureResult:
         """Remove everything *user_id* sent and everything addressed to them, from every cluster; return the counts.
 
         Example::
@@ -453,8 +455,14 @@ class AsyncFeedRouter(AsyncDoorBase):
         who asked, when, and at the end the counts), which every fan-out batch, Celery task,
         backfill and publish reads after writing, so nothing still running leaves a copy.
         Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
+
+        *progress*, when given, is called with an :class:`~router.core.erasure.ErasureProgress` (a cluster, the
+        documents removed there so far, finished or not) after every statement that removed something and once per
+        cluster at the end, from whatever runs that cluster's share: keep it quick. ``feedrouter erase`` shows it on a
+        terminal.
         """
-        return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by))
+        return await self._run("erase_user", lambda v: calls.erase_user(v, user_id, requested_by=requested_by,
+                                                                                progress=progress))
 
     async def erasure_status(self, user_id: int | str) -> ErasureStatus:
         """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
@@ -469,7 +477,8 @@ class AsyncFeedRouter(AsyncDoorBase):
         """
         return await self._run("erasure_status", lambda v: calls.erasure_status(v, user_id))
 
-    async def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
+    async def export_user(self, user_id: int | str, out: str | PathLike[str], *,
+                          progress: Callable[[ExportProgress], None] | None = None) -> ExportResult:
         """Write what the router holds about *user_id* (posts sent, items received, seen markers, read marks of
         groups) into the existing, empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each
         file's SHA-256.
@@ -485,10 +494,14 @@ class AsyncFeedRouter(AsyncDoorBase):
         :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
         removed).
 
+        *progress*, when given, is called with an :class:`~router.core.export.ExportProgress` (the stream, the period
+        it reads, the stream's records so far) after every record written: keep it quick. ``feedrouter export`` shows
+        it on a terminal.
+
         On this door the files are written from the event loop, a buffered line at a time.
         """
         self._on_loop("export_user")
-        folder = ExportFolder(out, user_id=calls.user(user_id))
+        folder = ExportFolder(out, user_id=calls.user(user_id), progress=calls.callback(progress))
         try:
             summary = await self._run("export_user", lambda v: calls.export_user(v, user_id, folder))
         except BaseException:

@@ -397,7 +397,7 @@ ERASURE_KEY_BYTES = (16, 64)
 
 def _erasure_key(r: YamlReader, node: yaml.Node) -> str | None:
     """``erasure.key``: a secret of 16 to 64 bytes; never shown in a problem (only its length)."""
-    spec = r.mapping(node, "erasure", {"key"})
+    spec = r.mapping(node, "erasure", {"key"}, secret=True)
     if spec is None or "key" not in spec:
         if spec is not None:
             r.problem(node, "erasure.key", "is required in an erasure section: a secret of 16 to 64 bytes")

@@ -152,9 +152,9 @@ class ClusterUnavailable(RouterError):
 
 
 class BucketsFull(ClusterUnavailable):
-    """Raised (inside :class:`UpdateFailed`'s ``failed``) when an update of a ``buckets`` period left copies with
-    their old data, because their buckets had no room for the new: a bucket never grows past its byte cap
-    (``router.core.layouts.buckets.MAX_BYTES``). ``copies`` is how many buckets kept old data."""
+    """No longer raised: an update of a ``buckets`` period moves a copy whose bucket has no room for its new data to
+    one that has (``router.core.layouts.bucket_edits``). Kept so that code catching it still runs. It was raised
+    (inside :class:`UpdateFailed`'s ``failed``) when such copies kept their old data; ``copies`` is how many."""
 
     def __init__(self, cluster: str, data_key: str, copies: int, size: int) -> None:
         self.data_key = data_key

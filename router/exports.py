@@ -18,12 +18,15 @@ sent, a :class:`~router.model.FeedItem` received, a :class:`~router.core.seen.Ma
 :class:`~router.core.seen.ReadMark`), then its ``period``: the export names no stored field
 of its own.
 
-Values JSON has no type for are written as strings: times in ISO 8601 (UTC), ObjectIds in
-hex, bytes in base64; other BSON values in MongoDB's relaxed Extended JSON.
+Every line is JSON (RFC 8259). Values JSON has no type for are written as strings: times in
+ISO 8601 (UTC), ObjectIds in hex, bytes in base64; other BSON values in MongoDB's relaxed
+Extended JSON, which writes a double that is NaN or infinite as ``{"$numberDouble": "NaN"}``
+(``"Infinity"``, ``"-Infinity"``), where Python's ``json`` would write a bare ``NaN`` that no
+JSON parser takes.
 
 Example::
 
-    folder = ExportFolder("/srv/exports/7", user_id=7)      # InvalidItem for a path that is not a usable folder
+    folder = ExportFolder("/srv/exports/7", user_id=7)      # InvalidItem unless an existing, empty folder
     folder.write("received", item, "cluster_2"); ...
     result = folder.finish(summary)
 """
@@ -33,8 +36,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -42,7 +46,7 @@ from typing import IO, Any
 import attrs
 from bson import ObjectId, json_util
 
-from .core.export import STREAMS, ExportSummary
+from .core.export import STREAMS, ExportProgress, ExportSummary
 from .errors import InvalidItem
 
 __all__ = ["FORMAT", "MANIFEST", "ExportFolder", "ExportResult", "ExportedFile"]
@@ -83,6 +87,23 @@ class ExportResult:
         return {stream: f.records for stream, f in self.files.items()}
 
 
+def _finite(value: Any) -> Any:
+    """*value* with every float JSON cannot hold (NaN, an infinity) as relaxed Extended JSON, at any depth; the
+    rest as it is (``json.dumps`` never asks ``default`` about a float)."""
+    kind = type(value)
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        return {"$numberDouble": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
+    if kind is dict or isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_finite(v) for v in value]
+    if isinstance(value, float):  # a float subclass
+        return _finite(float(value))
+    return value
+
+
 def _plain(value: Any) -> Any:
     """A value JSON has no type for, as JSON."""
     if isinstance(value, datetime):
@@ -95,21 +116,24 @@ def _plain(value: Any) -> Any:
 
 
 class ExportFolder:
-    """Writes an export's streams into *out*, an existing folder that holds no export yet."""
+    """Writes an export's streams into *out*, an existing, empty folder (its files are created, never overwritten)."""
 
-    def __init__(self, out: object, *, user_id: int | str) -> None:
+    def __init__(self, out: object, *, user_id: int | str,
+                 progress: Callable[[ExportProgress], None] | None = None) -> None:
         if not isinstance(out, (str, os.PathLike)) or not str(out):
             raise InvalidItem("out", f"must be the path of a folder (got {type(out).__name__})")
         folder = Path(out)
         if not folder.is_dir():
             what = "a file" if folder.exists() else "missing"
             raise InvalidItem("out", f"must be an existing folder (got {str(folder)!r:.200}: {what})")
-        taken = [n for n in (MANIFEST, *(f"{s}.jsonl" for s in STREAMS)) if (folder / n).exists()]
-        if taken:
-            raise InvalidItem("out", f"already holds an export ({', '.join(taken)}): give an empty folder "
-                                     f"(got {str(folder)!r:.200})")
+        held = sorted(entry.name for entry in folder.iterdir())
+        if held:
+            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            export = " (it already holds an export)" if MANIFEST in held else ""
+            raise InvalidItem("out", f"must be an empty folder (got {str(folder)!r:.200}, which holds {shown}){export}")
         self.folder = folder
         self.user_id = user_id
+        self.progress = progress
         self._files: dict[str, IO[bytes]] = {}
         self._hashes = {stream: hashlib.sha256() for stream in STREAMS}
         self._sizes = dict.fromkeys(STREAMS, 0)
@@ -124,18 +148,21 @@ class ExportFolder:
         record = {**(attrs.asdict(value, recurse=False) if attrs.has(type(value)) else dict(value)), "period": period}
         handle = self._files.get(stream)
         if handle is None:
-            handle = self._files[stream] = open(self._partial(stream), "wb")  # noqa: SIM115 - closed by finish/abort
-        line = (json.dumps(record, default=_plain, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+            handle = self._files[stream] = open(self._partial(stream), "xb")  # noqa: SIM115 - closed by finish/abort
+        text = json.dumps(_finite(record), default=_plain, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        line = (text + "\n").encode("utf-8")
         handle.write(line)
         self._hashes[stream].update(line)
         self._sizes[stream] += len(line)
         self._records[stream] += 1
+        if self.progress is not None:
+            self.progress(ExportProgress(stream, period, self._records[stream]))
 
     def finish(self, summary: ExportSummary) -> ExportResult:
         """Close the files, give them their names, and write the manifest (last); the result."""
         for stream in STREAMS:
             if stream not in self._files:
-                self._files[stream] = open(self._partial(stream), "wb")  # an empty stream is an empty file  # noqa: SIM115
+                self._files[stream] = open(self._partial(stream), "xb")  # an empty stream is an empty file  # noqa: SIM115
         for stream, handle in self._files.items():
             handle.close()
             os.replace(self._partial(stream), self.folder / f"{stream}.jsonl")

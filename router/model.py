@@ -31,6 +31,7 @@ __all__ = [
     "EPOCH",
     "event_timestamp",
     "from_millis",
+    "identity",
     "is_id",
     "is_text",
     "to_millis",
@@ -204,6 +205,33 @@ def is_id(value: object) -> TypeGuard[int | str]:
     if isinstance(value, str):
         return is_text(value)
     return isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value < _INT64[1]
+
+
+def identity(user_id: object, field: str = "user_id") -> int | str:
+    """The identity of a user id (a receiver, a sender, a user to erase): one user is one identity whatever integer
+    type carries the number.
+
+    A plain int or str is returned as it is; any other int (``bson.Int64``, which pymongo returns for every id stored
+    as a 64-bit int, so for every id above 2**31 read back) gives the plain int, any other str the plain str. An int
+    and a str stay different users (5 and ``"5"``), as everywhere in the router. Whatever hashes, compares or records
+    a user id goes through this one function (the erasure's pseudonyms, the posts registry's ids, a buckets period's
+    first bucket, a seen marker's owner, the API's checks), so a user read back as ``Int64`` is the user written as
+    ``int``. Raises :class:`~router.errors.InvalidItem` naming *field* for anything that is no id (:func:`is_id`:
+    a bool, a float, an int beyond 64 bits, an empty or too long str).
+
+        >>> from bson.int64 import Int64
+        >>> type(identity(Int64(2**40))), identity(Int64(5)) == identity(5), identity("5") == identity(5)
+        (<class 'int'>, True, False)
+    """
+    if type(user_id) is int:
+        if -0x8000000000000000 <= user_id <= 0x7FFFFFFFFFFFFFFF:
+            return user_id
+    elif type(user_id) is str:
+        if is_text(user_id):
+            return user_id
+    elif is_id(user_id):
+        return int(user_id) if isinstance(user_id, int) else str.__str__(user_id)
+    raise InvalidItem(field, f"{ID_RULE} (got {user_id!r:.80})")
 
 
 def _check_aware(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -25,7 +25,8 @@ from bson import ObjectId
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
-from .core.erasure import ErasureResult, ErasureStatus
+from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
+from .core.export import ExportProgress
 from .core.fanout import FanOutJob
 from .core.routing import Routing
 from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
@@ -404,7 +405,8 @@ class FeedRouter(SyncDoorBase):
 
     # -- a user's data (docs: "Erasing and exporting a user") -----------------------------
 
-    def erase_user(self, user_id: int | str, *, requested_by: str) -> ErasureResult:
+    def erase_user(self, user_id: int | str, *, requested_by: str,
+                   progress: Callable[[ErasureProgress], None] | None = None) -> ErasureResult:
         """Remove everything *user_id* sent and everything addressed to them, from every cluster; return the counts.
 
         Example::
@@ -416,8 +418,14 @@ class FeedRouter(SyncDoorBase):
         who asked, when, and at the end the counts), which every fan-out batch, Celery task,
         backfill and publish reads after writing, so nothing still running leaves a copy.
         Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
+
+        *progress*, when given, is called with an :class:`~router.core.erasure.ErasureProgress` (a cluster, the
+        documents removed there so far, finished or not) after every statement that removed something and once per
+        cluster at the end, from whatever runs that cluster's share: keep it quick. ``feedrouter erase`` shows it on a
+        terminal.
         """
-        return self._run("erase_user", calls.erase_user(self._view(), user_id, requested_by=requested_by))
+        return self._run("erase_user", calls.erase_user(self._view(), user_id, requested_by=requested_by,
+                                                                progress=progress))
 
     def erasure_status(self, user_id: int | str) -> ErasureStatus:
         """*user_id*'s erasure records in every cluster: who asked, when, the counts, and whether each finished.
@@ -432,7 +440,8 @@ class FeedRouter(SyncDoorBase):
         """
         return self._run("erasure_status", calls.erasure_status(self._view(), user_id))
 
-    def export_user(self, user_id: int | str, out: str | PathLike[str]) -> ExportResult:
+    def export_user(self, user_id: int | str, out: str | PathLike[str], *,
+                    progress: Callable[[ExportProgress], None] | None = None) -> ExportResult:
         """Write what the router holds about *user_id* (posts sent, items received, seen markers, read marks of
         groups) into the existing, empty folder *out*: JSON Lines in time order, then ``manifest.json`` with each
         file's SHA-256.
@@ -447,8 +456,12 @@ class FeedRouter(SyncDoorBase):
         :class:`InvalidItem` for a bad id or an *out* that is not an empty folder, and
         :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
         removed).
+
+        *progress*, when given, is called with an :class:`~router.core.export.ExportProgress` (the stream, the period
+        it reads, the stream's records so far) after every record written: keep it quick. ``feedrouter export`` shows
+        it on a terminal.
         """
-        folder = ExportFolder(out, user_id=calls.user(user_id))
+        folder = ExportFolder(out, user_id=calls.user(user_id), progress=calls.callback(progress))
         try:
             summary = self._run("export_user", calls.export_user(self._view(), user_id, folder))
         except BaseException:

@@ -46,7 +46,8 @@ class _Calls:
         finally:
             with self._cond:
                 self._active -= 1
-                self._cond.notify_all()
+                if self.closed:  # close() waits (it set closed first, under this lock): wake it
+                    self._cond.notify_all()
 
     def close(self, wait: float) -> bool:
         """Refuse new calls; wait up to *wait* seconds for the ones in flight; True if none is left."""

@@ -33,20 +33,33 @@ class YamlReader:
         line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (0, 0)
         self.problems.append(ConfigProblem(self.source, line, col, path, message))
 
-    def mapping(self, node: yaml.Node, path: str, allowed: set[str] | None) -> dict[str, yaml.Node] | None:
+    def mapping(self, node: yaml.Node, path: str, allowed: set[str] | None, *,
+                secret: bool = False) -> dict[str, yaml.Node] | None:
+        """The mapping at *node* by key (only *allowed* keys, unless None). With *secret*, a section that holds a
+        secret (``erasure``): what was written in the wrong place is never shown, a value given instead of the
+        mapping nor a key that is not allowed (either may be the secret itself), only its kind and position."""
         if not isinstance(node, yaml.MappingNode):
-            self.problem(node, path, f"must be a mapping (got {self._show(node)})")
+            shown = self._show(node)
+            if secret:
+                kind = self._kind(node)
+                shown = f"{kind}, not shown: it goes under {path}.key" if kind == "a single value" else kind
+            self.problem(node, path, f"must be a mapping (got {shown})")
             return None
         out: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             sub = f"{path}.{key}" if path else str(key)
             if not isinstance(key, str) or key_node.tag != "tag:yaml.org,2002:str":
-                self.problem(key_node, path or "<top>", f"keys must be strings (got {self._show(key_node)})")
+                shown = self._kind(key_node) if secret else self._show(key_node)
+                self.problem(key_node, path or "<top>", f"keys must be strings (got {shown})")
             elif key in out:
                 self.problem(key_node, sub, "duplicate key")
             elif allowed is not None and key not in allowed:
-                self.problem(key_node, sub, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+                expected = f"(expected one of: {', '.join(sorted(allowed))})"
+                if secret:
+                    self.problem(key_node, path, f"an unknown key, not shown {expected}")
+                else:
+                    self.problem(key_node, sub, f"unknown key {expected}")
             else:
                 out[key] = value_node
         return out
@@ -97,9 +110,17 @@ class YamlReader:
         return _ENV.sub(sub, text)
 
     @staticmethod
-    def _show(node: yaml.Node) -> str:
+    def _kind(node: yaml.Node) -> str:
+        """What *node* is, without its value."""
         if isinstance(node, yaml.MappingNode):
             return "a mapping"
         if isinstance(node, yaml.SequenceNode):
             return "a list"
+        return "nothing" if node.tag == "tag:yaml.org,2002:null" else "a single value"
+
+    @staticmethod
+    def _show(node: yaml.Node) -> str:
+        """*node* as a problem shows it: a scalar's value (a URI's password masked), else its kind."""
+        if not isinstance(node, yaml.ScalarNode):
+            return YamlReader._kind(node)
         return repr(masked_uri(node.value) if isinstance(node.value, str) else node.value)

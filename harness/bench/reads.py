@@ -72,7 +72,7 @@ def bench_read(uris: Sequence[str], reps: int, rounds: int) -> Result:
     raw.close()
     ratios = [a / b for a, b in zip(r, w)]
     return Result("read_ratio", "first page latency (50 items) vs one raw indexed find", "ms", r, w, ratios,
-                  "<= 1.15", statistics.median(ratios) <= 1.15)
+                  "<= 1.10", statistics.median(ratios) <= 1.10)
 
 
 def bench_pull_pages(uris: Sequence[str], senders: int = 100, limit: int = 50) -> Result:

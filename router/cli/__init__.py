@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any
 
 import attrs
 
@@ -34,6 +34,7 @@ from ..storage.clusters import Clusters
 from ..timemap import format_period
 from ..uris import broker_problem, redact_uri
 from .parser import build_parser
+from .progress import Progress
 
 __all__ = ["main"]
 
@@ -47,27 +48,6 @@ class _UsageError(Exception):
 
 class _Failed(Exception):
     """The command ran and found problems, already printed: exit code 1."""
-
-
-class _Progress:
-    """``[i/n] what`` on stderr, rewritten in place, only when stderr is a terminal."""
-
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total = total
-        self.stream = stream
-        self.enabled = stream.isatty() and total > 1
-        self.done = 0
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        if self.enabled:
-            self.stream.write(f"\r\x1b[2K[{self.done}/{self.total}] {what}")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r\x1b[2K")
-            self.stream.flush()
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -95,7 +75,7 @@ def _cmd_check(args: argparse.Namespace, config: RouterConfig) -> int:
 
 
 def _cmd_status(args: argparse.Namespace, config: RouterConfig) -> int:
-    progress = _Progress(len(config.clusters))
+    progress = Progress(args, len(config.clusters))
     rows = status_rows(config, on_done=progress.step)
     progress.close()
     seen = _scraped(args.metrics) if args.metrics else None
@@ -154,7 +134,7 @@ def _cmd_migrate(args: argparse.Namespace, config: RouterConfig) -> int:
     failed = False
     with Clusters(config) as clusters:
         names = [args.cluster] if args.cluster else clusters.names
-        progress = _Progress(len(names))
+        progress = Progress(args, len(names))
         for name in names:  # one cluster at a time, in configuration order
             progress.step(name)
             try:
@@ -328,9 +308,13 @@ def _cmd_unseen(args: argparse.Namespace, config: RouterConfig) -> int:
 def _cmd_erase(args: argparse.Namespace, config: RouterConfig) -> int:
     from ..sync import FeedRouter
 
-    who = args.by or f"{getpass.getuser()}@{socket.gethostname()} (feedrouter erase)"
+    who = args.by if args.by is not None else f"{getpass.getuser()}@{socket.gethostname()} (feedrouter erase)"
+    progress = Progress(args, len(config.clusters))
     with FeedRouter(config, refresh=False) as router:
-        result = router.erase_user(args.user, requested_by=who)
+        try:
+            result = router.erase_user(args.user, requested_by=who, progress=progress.erasure)
+        finally:
+            progress.close()
     lines = [f"erasure {result.request_id}: erased in {len(result.clusters)} clusters, requested by {who!r}",
              f"  {'cluster':<14} " + " ".join(f"{what:>14}" for what in COUNTED)]
     lines += [f"  {c.cluster:<14} " + " ".join(f"{c.counts.get(what, 0):>14}" for what in COUNTED) for c in result.clusters]
@@ -366,11 +350,14 @@ def _cmd_erase_status(args: argparse.Namespace, config: RouterConfig) -> int:
 def _cmd_export(args: argparse.Namespace, config: RouterConfig) -> int:
     from ..sync import FeedRouter
 
+    progress = Progress(args)
     with FeedRouter(config, refresh=False) as router:
         try:
-            result = router.export_user(args.user, args.dir)
+            result = router.export_user(args.user, args.dir, progress=progress.export)
         except InvalidItem as exc:
             raise _UsageError(str(exc)) from None
+        finally:
+            progress.close()
     files = {f.name: attrs.asdict(f) for f in result.files.values()}
     lines = [f"exported to {result.folder} from {len(result.periods)} periods; manifest {result.manifest}"]
     lines += [f"  {f.name}: {f.records} records, sha256 {f.sha256}" for f in result.files.values()]

@@ -14,7 +14,7 @@ from .. import __version__
 from ..core.groups import MAX_GROUP_PAGE, GroupBy
 from ..core.seen import MAX_CAP
 from ..errors import InvalidItem
-from ..model import TEXT_RULE, is_id
+from ..model import TEXT_RULE, is_id, is_text
 
 __all__ = ["MIGRATIONS_HELP", "build_parser"]
 
@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         "user's data. Exits 1 if a cluster did not finish: run it again.",
     )
     erase.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
-    erase.add_argument("--by", metavar="WHO", default=None,
-                       help="who asked, kept in the record, e.g. a ticket (default: the operator's login and host)")
+    erase.add_argument("--by", metavar="WHO", type=_requester, default=None,
+                       help="who asked, kept in the record, e.g. a ticket: non-empty, at most 1,024 characters "
+                       "(default: the operator's login and host)")
     erase_status = sub.add_parser(
         "erase-status",
         help="a user's erasure records: who asked, when, the counts, finished or not",
@@ -200,9 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="export what the router holds about a user into a folder (JSON Lines and a manifest)",
         description="Write USER's posts as sent, the items they received, their seen markers and read marks into DIR "
-        "(an existing folder holding no export) as sent.jsonl, received.jsonl, seen.jsonl and read.jsonl, each in "
-        "time order "
-        "across every period, then manifest.json with the periods read and each file's records and SHA-256.",
+        "(an existing, empty folder) as sent.jsonl, received.jsonl, seen.jsonl and read.jsonl, each in time order "
+        "across every period, then manifest.json with the periods read and each file's records and SHA-256. "
+        "A DIR that is missing, a file, or not empty exits 2 before anything is read.",
     )
     export.add_argument("user", metavar="USER", type=_receiver_arg, help=user_help)
     export.add_argument("dir", metavar="DIR", type=Path, help="an existing, empty folder")
@@ -235,6 +236,14 @@ def _receiver_arg(text: str) -> int | str:
         return value
     if not is_id(text):
         raise argparse.ArgumentTypeError(f"{TEXT_RULE} (got {text!r:.80})")
+    return text
+
+
+def _requester(text: str) -> str:
+    """``erase --by``: who asked, as ``erase_user``'s ``requested_by`` takes it (an empty one is refused, not replaced
+    by the operator's login)."""
+    if not is_text(text):
+        raise argparse.ArgumentTypeError(f"{TEXT_RULE}: who asked for the erasure, e.g. a ticket (got {text!r:.80})")
     return text
 
 

@@ -21,7 +21,7 @@ from bson import ObjectId
 from ..config import RouterConfig
 from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
-from ..model import ID_RULE, TEXT_RULE, Activity, FeedItem, Page, is_id, is_text
+from ..model import TEXT_RULE, Activity, FeedItem, Page, identity, is_text
 from .checkpoint import JobStatus, fenced_status, find_job
 from .checks import check_data, check_ids, check_senders
 from .edits import delete_program, unfollow_program, update_program
@@ -84,9 +84,7 @@ def write_many(view: View, items: Iterable[FeedItem], *, indexed: bool = True) -
 
 
 def _receiver(value: object, field: str = "receiver_id") -> int | str:
-    if not is_id(value):
-        raise InvalidItem(field, f"{ID_RULE} (got {value!r:.80})")
-    return value
+    return identity(value, field)
 
 
 def _data_key(value: object) -> str:
@@ -173,7 +171,8 @@ def update(view: View, data_key: object, data: object) -> Program[int]:
     if not isinstance(data, Mapping):
         raise InvalidItem("data", f"must be a mapping (got {type(data).__name__})")
     check_data(data, None)
-    return update_program(key, dict(data), view.names, view.settings.edit, view.routing.timemap)
+    return update_program(key, dict(data), view.names, view.settings.edit, view.routing.timemap,
+                          pseudonyms=view.settings.pseudonyms)
 
 
 def unfollow(view: View, receiver_id: object, sender_id: object) -> Program[int]:
@@ -271,7 +270,7 @@ def user(user_id: object) -> int | str:
     return _receiver(user_id, "user_id")
 
 
-def erase_user(view: View, user_id: object, *, requested_by: object) -> Program[ErasureResult]:
+def erase_user(view: View, user_id: object, *, requested_by: object, progress: object = None) -> Program[ErasureResult]:
     """``erase_user``: everything of the user, in every configured cluster; see :mod:`router.core.erasure`."""
     who = user(user_id)
     if not is_text(requested_by):
@@ -279,8 +278,15 @@ def erase_user(view: View, user_id: object, *, requested_by: object) -> Program[
                                           f"(got {requested_by!r:.80})")
     plan = ErasurePlan(user_id=who, names=view.names, timemap=view.routing.timemap, settings=view.settings.edit,
                        pseudonyms=view.settings.pseudonyms or pseudonyms_of(view.config), requested_by=requested_by,
-                       request_id=str(ObjectId()), now=datetime.now(timezone.utc))
+                       request_id=str(ObjectId()), now=datetime.now(timezone.utc), progress=callback(progress))
     return erase_program(plan)
+
+
+def callback(progress: object) -> Callable[[Any], None] | None:
+    """A *progress* argument checked: None, or something to call (:class:`InvalidItem` naming ``progress``)."""
+    if progress is not None and not callable(progress):
+        raise InvalidItem("progress", f"must be a callable or None (got {type(progress).__name__})")
+    return progress
 
 
 def erasure_status(view: View, user_id: object) -> Program[ErasureStatus]:

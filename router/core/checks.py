@@ -24,7 +24,7 @@ import bson
 from bson.errors import InvalidDocument
 
 from ..errors import InvalidItem
-from ..model import ID_RULE, MAX_ID_CHARS, MAX_OBJECTID_SECONDS, TEXT_RULE, Activity, FeedItem, event_timestamp, is_id, is_text
+from ..model import ID_RULE, MAX_ID_CHARS, MAX_OBJECTID_SECONDS, TEXT_RULE, Activity, FeedItem, event_timestamp, identity, is_id, is_text
 
 __all__ = ["MAX_DATA_BYTES", "MAX_DATA_DEPTH", "check_item", "check_data", "key_problem"]
 
@@ -241,9 +241,7 @@ def check_ids(values: object, *, field: str, noun: str, limit: int, too_many: st
         raise InvalidItem(field, f"must be a {'' if empty else 'non-empty '}list of {noun} (got {shown})")
     chosen: set[int | str] = set()
     for i, value in enumerate(values):
-        if not is_id(value):
-            raise InvalidItem(f"{field}[{i}]", f"{ID_RULE} (got {value!r:.80})")
-        chosen.add(value)
+        chosen.add(identity(value, f"{field}[{i}]"))
     if len(chosen) > limit:
         raise InvalidItem(field, f"at most {limit} {too_many} (got {len(chosen)})")
     return tuple(sorted(chosen, key=lambda v: (isinstance(v, str), v)))

@@ -8,7 +8,11 @@ jobs log their progress.
 
 ``delete`` and ``update`` first leave their record in each cluster's edit fence
 (:mod:`router.core.fence`), then edit the copies: a fan-out batch, backfill or publish
-still running writes, reads the fence, and removes (or updates) what it just wrote.
+still running writes, reads the fence, and removes (or updates) what it just wrote. An
+update that writes a copy anew (in ``buckets``, a copy that no longer fits its bucket
+moves to another) is such a writer too: it reads the fence and the erasure records after
+writing it (:func:`_landed`), so a delete, a newer update or an erasure that ran meanwhile
+reaches the copy in its new place.
 
 On MongoDB each step is an index scan. On FerretDB, which filters ranges after fetching
 every match, a step costs time in proportion to the matches left.
@@ -26,9 +30,11 @@ from typing import Any
 
 from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
-from .fence import mark_deleted, mark_updated
-from .layouts import EditSettings, Layout, layout_for, outbox
-from .steps import Concurrently, Program
+from .fence import Parties, mark_deleted, mark_updated, settle
+from .layouts import Copy, EditSettings, Layout, layout_for, outbox
+from .layouts.base import Landed
+from .pseudonyms import Pseudonyms
+from .steps import Concurrently, Failure, Program
 
 __all__ = ["EditSettings", "delete_program", "unfollow_program", "update_program"]
 
@@ -87,17 +93,37 @@ def delete_program(data_key: str, names: Sequence[str], settings: EditSettings, 
     return deleted
 
 
+def _landed(layout: Layout, settings: EditSettings, pseudonyms: Pseudonyms | None) -> Landed:
+    """What an update does with copies it wrote anew: what every writer does (:func:`~router.core.fence.settle`), the
+    erasure records read too when *pseudonyms* are given."""
+
+    def landed(cluster: str, data_key: str, copies: Sequence[Copy]) -> Program[Failure | None]:
+        parties = None
+        if pseudonyms is not None and copies:
+            parties = Parties({data_key: copies[0].sender_id}, {data_key: [c.receiver_id for c in copies]},
+                              forget=lambda name, who: layout.remove_received(name, who, settings))
+        settled = yield from settle(cluster, layout.fix, {data_key: [c.id for c in copies]}, timeout=settings.timeout,
+                                    parties=parties, pseudonyms=pseudonyms)
+        return settled if isinstance(settled, Failure) else None
+
+    return landed
+
+
 def update_program(
-    data_key: str, data: Mapping[str, Any], names: Sequence[str], settings: EditSettings, timemap: TimeMap | None = None
+    data_key: str, data: Mapping[str, Any], names: Sequence[str], settings: EditSettings, timemap: TimeMap | None = None,
+    *, pseudonyms: Pseudonyms | None = None,
 ) -> Program[int]:
     """Replace ``data`` in every copy of *data_key* and in its outbox entry, every named cluster; return how many
     copies changed.
 
     Each cluster records the update in its fence first, so a copy written later by a
-    fan-out still running gets the new data too (:mod:`router.core.fence`). Raises :class:`UpdateFailed` (``updated``, ``failed`` by cluster) when a cluster fails; run it again.
+    fan-out still running gets the new data too (:mod:`router.core.fence`). A copy the update
+    writes anew (moved to another bucket) is brought up to the fence, and with *pseudonyms*
+    to the erasure records, as such a fan-out's are. Raises :class:`UpdateFailed` (``updated``, ``failed`` by cluster) when a cluster fails; run it again.
     """
     updated, failed = yield from _everywhere(
-        names, timemap, lambda layout, cluster: layout.edit_key(cluster, data_key, data, settings, what=f"update {data_key}"),
+        names, timemap, lambda layout, cluster: layout.edit_key(cluster, data_key, data, settings, what=f"update {data_key}",
+                                                               landed=_landed(layout, settings, pseudonyms)),
         settings, post=(data_key, data),
         fence=lambda cluster: mark_updated(cluster, data_key, data, policy=settings.policy, timeout=settings.timeout),
     )

@@ -18,7 +18,15 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    update's record holds the post's data, and an edit leaves one in each cluster; counted
    where the post was found), and last the page's ``outbox`` entries and registry documents
    (``posts`` counts documents). What names a post is removed only after everything found
-   by it, so an erasure stopped half-way is finished by calling it again.
+   by it, so an erasure stopped half-way is finished by calling it again. Each page's
+   data_keys are remembered first, in ``erasures`` under the user's pseudonym (``{_id:
+   "<pseudonym hex>/<request id>/<page>", keys, at}``: no ``user`` field, so no reader of
+   records meets it), and once no registered post is left, every post any erasure of the
+   user remembered in this cluster is swept once more (with the registry documents that
+   list one of those posts alone). A writer whose insert landed but whose read of the
+   records never happened (its cluster was killed between the two and the answer lost, or
+   the read timed out) reports those receivers failed and stops, and leaves its copies;
+   without the memory, nothing could find them once the post's entries were gone.
 3. **What was addressed to them**: their feed (:meth:`Layout.remove_received`) and their
    seen markers.
 4. **The proof.** The record is marked ``done`` with this cluster's counts per collection.
@@ -55,8 +63,8 @@ from .pseudonyms import Pseudonyms
 from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
 from .writes import insert_program
 
-__all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureRecord", "ErasureResult", "ErasureStatus",
-           "erase_program", "status_program", "unsettled"]
+__all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureProgress", "ErasureRecord", "ErasureResult",
+           "ErasureStatus", "erase_program", "status_program", "unsettled"]
 
 log = logging.getLogger(__name__)
 #: The request time of a record that has none (read from a document written by hand): before every other.
@@ -71,9 +79,28 @@ FIRST_GROUP = 8
 
 
 @attrs.frozen
+class ErasureProgress:
+    """How far an erasure is in one cluster, as ``erase_user``'s *progress* callback hears it: the documents removed
+    there so far (a ``buckets`` period's bucket counts once per statement that pulled copies from it; the result's
+    counts are exact), and whether that cluster is ``finished`` (``failed``: it stopped, and ``ErasureFailed`` follows
+    once the others finish). Nothing here names the user."""
+
+    cluster: str
+    removed: int
+    finished: bool = False
+    failed: bool = False
+
+
+#: What hears an erasure's progress: called after every statement that removed something, and once per cluster at the
+#: end, from whichever thread or task runs that cluster's share (keep it quick).
+ProgressCallback = Callable[[ErasureProgress], None]
+
+
+@attrs.frozen
 class ErasurePlan:
     """An erasure's inputs: the user, every configured cluster, the time map (each period's layout), the edit
-    settings (steps, timeout, retries), the pseudonyms, who asked, the request's id and "now"."""
+    settings (steps, timeout, retries), the pseudonyms, who asked, the request's id and "now", and what hears its
+    progress (None: nothing)."""
 
     user_id: int | str
     names: tuple[str, ...]
@@ -83,6 +110,7 @@ class ErasurePlan:
     requested_by: str
     request_id: str
     now: datetime
+    progress: ProgressCallback | None = None
 
 
 @attrs.frozen
@@ -174,7 +202,9 @@ def erase_program(plan: ErasurePlan) -> Program[ErasureResult]:
     Raises :class:`ErasureFailed` naming the clusters that did not finish (the others' counts in it).
     """
     names = list(plan.names)
-    outcomes = yield Concurrently([_cluster(plan, name) for name in names], names)
+    shares = [_cluster(plan, name) if plan.progress is None else _watched(_cluster(plan, name), name, plan.progress)
+              for name in names]
+    outcomes = yield Concurrently(shares, names)
     counts = {name: done for name, (done, _error) in zip(names, outcomes)}
     failed = {name: error for name, (_done, error) in zip(names, outcomes) if error is not None}
     for name in names:
@@ -186,6 +216,26 @@ def erase_program(plan: ErasurePlan) -> Program[ErasureResult]:
         raise ErasureFailed(plan.request_id, counts, failed)
     return ErasureResult(plan.request_id, plan.requested_by, plan.now,
                          tuple(ClusterErasure(name, counts[name]) for name in names))
+
+
+def _watched(share: Program[_Outcome], cluster: str, progress: ProgressCallback) -> Program[_Outcome]:
+    """*share* (one cluster's), telling *progress* the documents its statements removed as they go (deletes, and
+    updates that pull copies from buckets; not the erasure's own record), then that it finished."""
+    removed = 0
+    try:
+        request = next(share)
+        while True:
+            answer = yield request
+            if isinstance(request, (Delete, Update)) and request.collection != ERASURES_COLLECTION:
+                changed = answer if isinstance(answer, int) else getattr(answer, "modified", 0)
+                if changed:
+                    removed += changed
+                    progress(ErasureProgress(cluster, removed))
+            request = share.send(answer)
+    except StopIteration as stop:
+        outcome: _Outcome = stop.value
+        progress(ErasureProgress(cluster, removed, finished=True, failed=outcome[1] is not None))
+        return outcome
 
 
 def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
@@ -219,9 +269,11 @@ def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
 
 def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tuple[int, Any]]],
           counts: dict[str, int]) -> Program[RouterError | None]:
-    """Everything of the user's posts in *cluster*, a page of posts at a time (what names a post goes last: the
-    page's outbox entries, then its registry documents)."""
+    """Everything of the user's posts in *cluster*: a page of registered posts at a time (each page remembered
+    first, and what names a post removed last: the page's outbox entries, then its registry documents), then once
+    more every post an erasure of the user ever remembered in *cluster* (:func:`_remembered`)."""
     user, settings = plan.user_id, plan.settings
+    pages = 0
     while True:
         deadline = deadline_in(settings.timeout)
         registered, sent = yield Concurrently([posts.page(cluster, user, deadline),
@@ -231,23 +283,75 @@ def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tu
                 return answer.error
         keys = sorted({key for _t, key in registered.posts} | set(sent))
         if not keys and not registered.ids:
-            return None
-        steps: list[tuple[str, Delete]] = []
+            break
         if keys:
-            trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
-            if trouble is not None:
-                return trouble
-            trouble = yield from _jobs(cluster, keys, counts, settings.timeout)
-            if trouble is not None:
-                return trouble
-            steps += [("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names]
-            steps.append(("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))))
-        if registered.ids:
-            steps.append(("posts", posts.remove(cluster, user, registered.ids, deadline_in(settings.timeout))))
-        for counted, request in steps:
-            trouble = yield from _count(request, counts, counted)
-            if trouble is not None:
-                return trouble
+            kept = {"_id": _remembered_id(plan, pages), "keys": keys, "at": plan.now}
+            stored = yield from insert_program(cluster, _RECORDS, [kept], policy=settings.policy,
+                                               deadline=deadline_in(settings.timeout), duplicates="present")
+            if stored.failed:
+                return next(iter(stored.failed.values()))
+            pages += 1
+        error = yield from _page(plan, cluster, keys, remove_sent, counts, documents=registered.ids)
+        if error is not None:
+            return error
+    after: str | None = None
+    while True:  # every post remembered here, this erasure's own pages included: copies may have landed since
+        found_keys = yield from _remembered(plan, cluster, after)
+        if isinstance(found_keys, RouterError):
+            return found_keys
+        after, keys = found_keys
+        if after is None:
+            return None
+        for i in range(0, len(keys), PAGE):
+            error = yield from _page(plan, cluster, keys[i:i + PAGE], remove_sent, counts)
+            if error is not None:
+                return error
+
+
+#: Pages of remembered posts one find reads (each lists up to :data:`PAGE` data_keys).
+REMEMBERED_PAGES = 64
+
+
+def _remembered_id(plan: ErasurePlan, page: int) -> str:
+    """The ``_id`` of the document that remembers page *page* of the posts this erasure found in a cluster: the
+    user's pseudonym in hex first, so the documents of every erasure of the user are one range of ``_id``."""
+    return f"{plan.pseudonyms.of(plan.user_id).hex()}/{plan.request_id}/{page}"
+
+
+def _remembered(plan: ErasurePlan, cluster: str, after: str | None) -> Program[tuple[str | None, list[str]] | RouterError]:
+    """The data_keys remembered in *cluster* by erasures of the user (documents after *after*, in ``_id`` order):
+    the last ``_id`` read (None: no more) and the keys, distinct, in order."""
+    prefix = plan.pseudonyms.of(plan.user_id).hex()
+    low = {"$gt": after if after is not None else prefix + "/"}  # (no _id is the prefix and "/" alone)
+    docs = yield Find(cluster, ERASURES_COLLECTION, {"_id": {**low, "$lt": prefix + "0"}},  # ("0" follows "/")
+                      deadline_in(plan.settings.timeout), sort=[("_id", 1)], limit=REMEMBERED_PAGES,
+                      projection={"keys": 1})
+    if isinstance(docs, Failure):
+        return docs.error
+    keys = dict.fromkeys(k for d in docs for k in d.get("keys", ()) if isinstance(k, str))
+    return (str(docs[-1]["_id"]) if docs else None), list(keys)
+
+
+def _page(plan: ErasurePlan, cluster: str, keys: Sequence[str], remove_sent: Callable[..., Program[tuple[int, Any]]],
+          counts: dict[str, int], *, documents: Sequence[str] = ()) -> Program[RouterError | None]:
+    """Everything of the posts *keys* in *cluster*: their copies, job records, edit records (every cluster), outbox
+    entries, in that order, and last the registry *documents* that listed them (a page's), or else (a sweep of
+    remembered posts) the registry documents that list one of *keys* alone (:func:`posts.remove_alone`: a document
+    listing other posts too waits for the page that finds it)."""
+    user, settings = plan.user_id, plan.settings
+    error = None
+    steps: list[tuple[str, Delete]] = []
+    if keys:
+        error = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
+        if error is None:
+            error = yield from _jobs(cluster, keys, counts, settings.timeout)
+        steps += [("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names]  # every cluster
+        steps.append(("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))))
+    steps.append(("posts", posts.remove(cluster, user, documents, deadline_in(settings.timeout)) if documents
+                  else posts.remove_alone(cluster, user, keys, deadline_in(settings.timeout))))
+    for counted, request in steps if error is None else ():
+        error = error or (yield from _count(request, counts, counted))
+    return error
 
 
 def _copies_of(cluster: str, user: int | str, keys: Sequence[str], settings: EditSettings,

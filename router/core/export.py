@@ -40,7 +40,7 @@ from .layouts import Layout, layout_for, outbox, posts
 from .policy import deadline_in
 from .steps import Concurrently, Failure, Program
 
-__all__ = ["PAGE", "STREAMS", "ExportPlan", "ExportSummary", "Sink", "export_program"]
+__all__ = ["PAGE", "STREAMS", "ExportPlan", "ExportProgress", "ExportSummary", "Sink", "export_program"]
 
 #: The streams of an export, each a file of its own.
 STREAMS = ("sent", "received", "seen", "read")
@@ -54,6 +54,17 @@ class Sink(Protocol):
     :class:`~router.core.seen.Marker`, a :class:`~router.core.seen.ReadMark`) and the period it was read from."""
 
     def write(self, stream: str, value: Any, period: str) -> None: ...
+
+
+@attrs.frozen
+class ExportProgress:
+    """How far an export is, as ``export_user``'s *progress* callback hears it after every record written: the stream
+    (``sent``, ``received``, ``seen``, ``read``), the period it is reading, and the records of that stream written so
+    far (every period). Nothing here names the user."""
+
+    stream: str
+    period: str
+    records: int
 
 
 @attrs.frozen

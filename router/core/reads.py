@@ -8,7 +8,8 @@ full, and only for the items still missing.
 **Pulled senders** (``pull=[...]``, authors whose posts are not copied into every
 follower's feed) are merged in from the same clusters' ``outbox``: each cluster is
 asked once for the inbox and once for the pulled outboxes (``sender_id: {$in: ...}``),
-concurrently. An outbox entry sorts where the receiver's copy of it would: under the
+concurrently (in a wave too: an answer with more than the page still needs is cut, see
+:meth:`_Fetched.first`). An outbox entry sorts where the receiver's copy of it would: under the
 key :func:`~router.ids.copy_id` gives that copy. So a post present both as a copy (an
 author who was pushed before crossing the pull threshold, or a backfill) and in a
 pulled outbox has the same key twice and is served once. The store sorts outbox entries
@@ -86,11 +87,23 @@ class _Entry:
 @attrs.frozen
 class _Fetched:
     """What one cluster gave towards the page: entries in page order, the position after the last of them,
-    and whether the cluster may hold more past it."""
+    whether the cluster may hold more past it, and the sort keys of every pulled outbox entry its outbox answers
+    held (what a position's ``skip`` counts)."""
 
     entries: list[_Entry]
     last: Position | None
     more: bool
+    pulled: tuple[tuple[datetime, bytes], ...] = ()
+
+    def first(self, need: int, *, more: bool = True) -> _Fetched:
+        """The first *need* entries (at least one), the position after them, and *more*: what asking for *need*
+        would have given, of an answer that holds more. Every entry here is one whose millisecond the answer holds
+        whole (pulled entries included), so the position's ``skip``, the pulled entries of the last one's
+        millisecond that sort at or before it, counts the same as in that answer."""
+        entries = self.entries[:need]
+        last = entries[-1]
+        skip = sum(1 for t, key in self.pulled if t == last.event_time and key >= last.key.binary)
+        return _Fetched(entries, Position(last.event_time, last.key, skip), more, self.pulled)
 
 
 def _layout(plan: ReadPlan, cluster: str) -> Layout:
@@ -102,15 +115,18 @@ def _inbox(plan: ReadPlan, cluster: str, position: Position | None, need: int, d
     return (yield from _layout(plan, cluster).inbox(cluster, plan.receiver_id, position, need, plan.types, deadline))
 
 
+def _fetched(inbox: Inbox) -> _Fetched:
+    """An inbox answer as the walk takes it: its entries, the position after the last, and whether more may follow."""
+    entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
+    last = Position(entries[-1].event_time, entries[-1].key) if entries else None
+    return _Fetched(entries, last, inbox.full)
+
+
 def _inbox_only(
     plan: ReadPlan, cluster: str, position: Position | None, need: int, deadline: float
 ) -> Program[_Fetched | Failure]:
     inbox = yield from _inbox(plan, cluster, position, need, deadline)
-    if isinstance(inbox, Failure):
-        return inbox
-    entries = [_Entry(t, key, item, False) for t, key, item in inbox.entries]
-    last = Position(entries[-1].event_time, entries[-1].key) if entries else None
-    return _Fetched(entries, last, inbox.full)
+    return inbox if isinstance(inbox, Failure) else _fetched(inbox)
 
 
 def _pulled_entries(plan: ReadPlan, posts: list[Post]) -> list[_Entry]:
@@ -178,13 +194,9 @@ def _with_pull(
         if isinstance(lower, Failure):
             return lower
         docs, outbox_full, whole_group = docs + lower, len(lower) == need + 1, False
-    taken = safe[:need]
     more_here = len(safe) > need or inbox_full or outbox_full
-    if not taken:
-        return _Fetched([], None, more_here)
-    last = taken[-1]
-    boundary = sum(1 for e in pulled_entries if e.event_time == last.event_time and e.key.binary >= last.key.binary)
-    return _Fetched(taken, Position(last.event_time, last.key, boundary), more_here)
+    fetched = _Fetched(safe, None, more_here, tuple((e.event_time, e.key.binary) for e in pulled_entries))
+    return fetched.first(need, more=more_here) if safe else fetched
 
 
 def _merge(inbox: list[_Entry], pulled: list[_Entry], position: Position | None) -> list[_Entry]:
@@ -206,12 +218,6 @@ def _fetch(plan: ReadPlan, cluster: str, position: Position | None, need: int, d
     if plan.pull:
         return (yield from _with_pull(plan, cluster, position, need, deadline))
     return (yield from _inbox_only(plan, cluster, position, need, deadline))
-
-
-def _first(fetched: _Fetched, need: int) -> _Fetched:
-    """The first *need* of an inbox-only answer that holds more: what asking for *need* would have given."""
-    entries = fetched.entries[:need]
-    return _Fetched(entries, Position(entries[-1].event_time, entries[-1].key), True)
 
 
 def _below(start: datetime) -> Position:
@@ -268,8 +274,12 @@ class _Walk:
             return Failure("unavailable", ClusterUnavailable(
                 cluster, f"not asked: its deployment gave no answer for cluster {found!r} in this call"))
         answer = yield from _fetch(self.plan, cluster, position, need, deadline)
+        return self.noted(cluster, answer)
+
+    def noted(self, cluster: str, answer: _Fetched | Failure) -> _Fetched | Failure:
+        """*answer*, its deployment noted down when it gave none."""
         if isinstance(answer, Failure) and answer.cluster_down:
-            self.down.setdefault(deployment, cluster)
+            self.down.setdefault(self.deployment(cluster), cluster)
         return answer
 
     def take(self, cluster: str, fetched: _Fetched) -> None:
@@ -299,17 +309,19 @@ class _Walk:
             if answer.more:
                 self.owed.append((cluster, answer.last))
 
-    def main(self, names: Sequence[str], main: Position | None) -> Program[tuple[Position | None, bool]]:
+    def main(self, names: Sequence[str], main: Position | None,
+             first: Inbox | Failure | None = None) -> Program[tuple[Position | None, bool]]:
         """The walk from *main* over *names*, newest first, in waves; returns the next main position and whether the
-        walk is done.
+        walk is done. *first*: the newest cluster's answer, when it was asked already (:func:`read_program`).
 
         The newest cluster is asked alone. With ``max_periods``, a page that has asked that many and is still not
         full ends there, its cursor just below the last of them (a short page, exact: the walk goes on from there).
         While the page is not full the next clusters are asked in a wave, at
         once, each for all the entries still missing (:func:`_next_wave` says how many); their answers are then
         taken in period order, as one after another would have been, and those after the page filled are dropped.
-        An answer with more than the page still needs is cut (or, with pulled senders, asked again for what it
-        needs), so the page and its cursor are exactly those of the walk one cluster at a time.
+        An answer with more than the page still needs is cut (:meth:`_Fetched.first`; with pulled senders too,
+        not asked again), so the page and its cursor are exactly those of the walk one cluster at a time, and each
+        cluster is asked once.
         """
         last: Position | None = None
         wave, asked, got, i = 1, 0, 0, 0
@@ -323,7 +335,10 @@ class _Walk:
             i += len(batch)
             deadline = self.deadline(others=self.asking(names[i:]))
             need = self.missing
-            if len(batch) == 1:
+            if first is not None:
+                answers = [self.noted(batch[0], first if isinstance(first, Failure) else _fetched(first))]
+                first = None
+            elif len(batch) == 1:
                 answers = [(yield from self.ask(batch[0], main, need, deadline))]
             else:
                 answers = yield Concurrently([self.ask(c, main, need, deadline) for c in batch], list(batch))
@@ -335,13 +350,7 @@ class _Walk:
                     self.failed(cluster, answer, main)
                     continue
                 if len(answer.entries) > self.missing:
-                    if self.plan.pull:
-                        answer = yield from self.ask(cluster, main, self.missing, deadline)
-                        if isinstance(answer, Failure):
-                            self.failed(cluster, answer, main)
-                            continue
-                    else:
-                        answer = _first(answer, self.missing)
+                    answer = answer.first(self.missing)
                 self.take(cluster, answer)
                 last = answer.last or last
                 if answer.more:
@@ -358,15 +367,24 @@ def read_program(plan: ReadPlan) -> Program[Page]:
     With ``on_unavailable="partial"`` each turn gets its share of the deadline, so a hung cluster leaves time for
     the ones after it (see :mod:`router.core.policy`); a deployment that gave no answer is not asked again in the
     call, for any of its periods. Older clusters are asked in waves (see :meth:`_Walk.main`).
+
+    The common page takes a short path: nothing owed, no pulled senders, and the newest cluster the walk would ask
+    first fills it (:func:`_filled`). Any other answer is handed to the walk, which goes on from there as if it had
+    asked (the same requests, the same page).
     """
     walk = _Walk(plan)
     main, done = plan.state.position, plan.state.done
     names = [] if done else plan.timemap.clusters_for_read(
         now=plan.now, window=plan.window, before=main.event_time if main is not None else None
     )
+    first: Inbox | Failure | None = None
+    if names and not plan.state.pending and not plan.pull:
+        first = yield from _inbox(plan, names[0], main, plan.limit, walk.deadline(others=walk.asking(names[1:])))
+        if not isinstance(first, Failure) and first.full and len(first.entries) == plan.limit:
+            return (yield from _filled(names[0], first))
     yield from walk.pending(plan.state.pending, names)
     if not done:
-        main, done = yield from walk.main(names, main)
+        main, done = yield from walk.main(names, main, first)
     yield Report(Event("read_clusters", len(set(walk.queried))))
     for cluster in walk.unavailable:
         yield Report(Event("partial_read", cluster=cluster))
@@ -378,3 +396,15 @@ def read_program(plan: ReadPlan) -> Program[Page]:
         queried=tuple(walk.queried), partial=bool(walk.unavailable), unavailable=tuple(walk.unavailable),
         pulled=tuple(e.pulled for e in entries),
     )
+
+
+def _filled(cluster: str, inbox: Inbox) -> Program[Page]:
+    """The page *cluster* filled, the newest the walk asks, alone: what the walk makes of it (its entries, the
+    cursor after the last of them), made from the inbox answer without the walk's objects per item."""
+    entries = inbox.entries
+    event_time, key, _ = entries[-1]
+    yield Report(Event("read_clusters", 1))
+    n = len(entries)
+    return Page(items=tuple([item for _t, _key, item in entries]),
+                next_cursor=encode_state(CursorState(position=Position(event_time, key))),
+                sources=(cluster,) * n, queried=(cluster,), pulled=(False,) * n)

@@ -37,7 +37,7 @@ from bson import ObjectId
 
 from ..cursor import Position
 from ..errors import InvalidItem
-from ..model import FeedItem
+from ..model import FeedItem, identity, is_id
 from ..timemap import TimeMap
 from .layouts import Layout, layout_for, outbox
 from .layouts.queries import older_than, outside_clause
@@ -105,7 +105,7 @@ def marker_of(receiver_id: int | str, position: object) -> Position:
         if position.id is None:
             raise InvalidItem("position", "must be a FeedItem read from a page (this one has no id)")
         owner = position.receiver_id
-        if type(owner) is not type(receiver_id) or owner != receiver_id:
+        if not is_id(owner) or identity(owner) != identity(receiver_id):  # (5 and "5" differ; 5 and Int64(5) do not)
             raise InvalidItem("position", f"is an item of receiver {owner!r:.80}'s page, not of {receiver_id!r:.80}'s: "
                                           "mark an item of the receiver's own page")
         position = Position(position.event_time, position.id)

@@ -39,6 +39,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "Find",
+    "HOLDING_STAGES",
     "Insert",
     "InsertOutcome",
     "Program",
@@ -99,7 +100,11 @@ class Failure:
 
 @attrs.frozen(slots=True)
 class Find:
-    """``find`` on one cluster; answered with the list of documents, or a :class:`Failure`."""
+    """``find`` on one cluster; answered with the list of documents, or a :class:`Failure`.
+
+    *moving*: a matching document's *sort* fields may change while it is read (a bucket's ``newest``): an answer the
+    server cuts short (16 MiB) is then read on by the documents not received yet, never after the last one received
+    (:mod:`router.storage.finds`), and comes in no single order."""
 
     cluster: str
     collection: Collection
@@ -108,6 +113,7 @@ class Find:
     sort: Sequence[tuple[str, int]] | None = None
     limit: int = 0
     projection: Mapping[str, Any] | None = None
+    moving: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -121,14 +127,32 @@ class Count:
     limit: int = 0
 
 
+#: The stages that make FerretDB 2 hold an aggregate's whole answer from its first batch (DocumentDB's persistent
+#: cursor, a PostgreSQL cursor ``WITH HOLD``: one snapshot), so that ``getMore`` goes on through that answer exactly.
+#: A pipeline of streamable stages alone (``$match``, ``$project``, ``$set`` ...) is continued from the heap position
+#: of its last row instead, which repeats rows updated meanwhile and skips those written into space VACUUM freed
+#: before it (``docs/ferretdb2-cursor-bug.md``).
+HOLDING_STAGES = frozenset({"$group", "$sort", "$unwind", "$count", "$sortByCount", "$bucket", "$bucketAuto", "$facet",
+                            "$lookup"})
+
+
+def _held(_instance: Any, _attribute: Any, pipeline: Sequence[Mapping[str, Any]]) -> None:
+    if not any(HOLDING_STAGES.intersection(stage) for stage in pipeline):
+        raise ValueError(f"pipeline: an aggregate the router sends must hold one of {sorted(HOLDING_STAGES)}, so that "
+                         f"FerretDB 2 continues it exactly (got stages {[next(iter(s), '?') for s in pipeline]})")
+
+
 @attrs.frozen(slots=True)
 class Aggregate:
     """``aggregate`` on one cluster (a counting or grouping pipeline: what it returns is small, whatever it reads on
-    the server); answered with the list of result documents, or a :class:`Failure`."""
+    the server); answered with the list of result documents, or a :class:`Failure`.
+
+    Its answer may pass one batch (10,000 rows, or 16 MiB), and is then read on by ``getMore``: the pipeline must hold
+    a stage of :data:`HOLDING_STAGES` (refused with ``ValueError`` otherwise), which makes that exact."""
 
     cluster: str
     collection: Collection
-    pipeline: Sequence[Mapping[str, Any]]
+    pipeline: Sequence[Mapping[str, Any]] = attrs.field(validator=_held)
     deadline: float
 
 

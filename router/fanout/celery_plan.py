@@ -41,6 +41,7 @@ from ..core.pseudonyms import Pseudonyms
 from ..core.runs import SKIP
 from ..core.steps import Program
 from ..errors import InvalidItem
+from ..model import identity, is_id
 
 __all__ = [
     "ACTIVE_QUEUE",
@@ -133,6 +134,8 @@ def sendable(chunk: list[Any], first: int) -> list[Any]:
     for position, r in enumerate(chunk, first):
         if type(r) in _SCALARS or (type(r) is float and math.isfinite(r)):
             out.append(r)
+        elif is_id(r):  # an Int64 (a 64-bit id read from MongoDB) travels as its int: the same receiver
+            out.append(identity(r))
         else:
             log.warning("receivers[%d]: %.80r cannot travel as JSON; sent as null, it fails as an invalid receiver",
                         position, r)

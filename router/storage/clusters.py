@@ -45,7 +45,7 @@ from .capabilities import Capabilities
 from .clients import DEFAULT_OPTIONS, Collections, Deployments, client_maker, client_options, collection_names, secrets_of
 from . import finds
 from .errors import driver_error
-from .requests import IO_REQUESTS, IORequest, calls_for, failed, late, observed, request_op, time_left, unknown
+from .requests import IO_REQUESTS, IORequest, calls_for, failed, late, observed, request_op, unknown
 
 __all__ = [
     "COMMAND_NOT_FOUND", "DEFAULT_OPTIONS", "Capabilities", "Cluster", "Clusters", "client_options", "collection_names",
@@ -126,13 +126,12 @@ class Cluster:
         """Carry out one core request within what is left of its deadline; answer with a value, never raise."""
         with self.clients.using(self.spec, request.collection) as client:
             result: Any = None
-            for call, answer in calls_for(request, client, self._collections.on(client)[request.collection]):
-                left = time_left(request, client)
+            for (call, answer), left in calls_for(request, client, self._collections.on(client)[request.collection]):
                 if left <= 0:
                     return late(request, self.name, client)
                 try:
                     with pymongo.timeout(left):
-                        result = answer(call())
+                        result = answer(call(None))
                 except Exception as exc:  # driver errors become answers; anything else is re-raised by failed()
                     return failed(request, exc, self.name, self.secrets)
             return result

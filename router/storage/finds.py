@@ -14,11 +14,23 @@ stop there; FerretDB 1 and mongo-java-server do not) or :data:`WHOLE` documents:
 leaves its cursor open. That
 cursor is killed, never continued, and the rest is asked by a new find for what comes
 *after the last document received*, in the request's order (a keyset: ``{$or: [{a: {$gt:
-a0}}, {a: a0, _id: {$gt: id0}}]}``), which is exact whatever the server's cursors do. An
+a0}}, {a: a0, _id: {$gt: id0}}]}``), which is exact whatever the server's cursors do, as long as no document's sort fields
+change between the finds. An
 order that does not end in ``_id`` (or no order) cannot be continued that way: such a
 request is asked again from its start, ordered by its sort and then ``_id``. Only a
 result read in more than one find can hold a document twice (one whose sort fields
 changed between the finds); it is kept once, by ``_id``.
+
+**Orders that move.** A document whose sort fields change between two finds (a bucket's
+``newest`` when an append lands in it) can leave the keyset's side for the side already
+read: continued after the last document, such a read would lose it. A request that says
+its order moves (``moving``) is continued instead by the documents *not among those
+received* (``_id: {$nin: [...]}``), in the same order, for what its limit leaves: no
+document is read twice, and one that matches at the last find and was not received is
+among those that find could return, so an answer shorter than its limit holds every
+document matching then. Its documents then come in each find's order, not in one order
+over the whole answer (the buckets walk, which asks this, orders the items it serves
+itself).
 
 **Cost.** A result under 16 MiB is one ``find``, as before (no ``getMore``, and no
 ``killCursors``). A page of 50 one-MiB items: 4 finds instead of a find and 3 getMores.
@@ -36,13 +48,14 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
 from pymongo.errors import OperationFailure, PyMongoError
 
-__all__ = ["WHOLE", "Batch", "CursorStuck", "Walk", "read", "read_async", "walk"]
+__all__ = ["WHOLE", "Batch", "CursorStuck", "Walk", "max_time_ms", "read", "read_async", "walk"]
 
 log = logging.getLogger(__name__)
 
@@ -124,35 +137,38 @@ def _with_keys(projection: Mapping[str, Any] | None, fields: Sequence[str]) -> t
 
 
 def walk(filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = None, limit: int = 0,
-         projection: Mapping[str, Any] | None = None) -> Walk:
+         projection: Mapping[str, Any] | None = None, moving: bool = False) -> Walk:
     """The finds that read ``find(filter, projection, sort=sort, limit=limit)`` exactly, each answered by its first
-    batch alone. Sort fields must be top-level fields."""
+    batch alone. Sort fields must be top-level fields. *moving*: the sort fields of a matching document may change
+    between two finds, so the rest is read by ``_id`` not received (see the module docstring)."""
     order: Order = [(str(f), int(d)) for f, d in sort or ()]
     if any("." in f for f, _ in order):
         raise ValueError(f"sort: an exact find continues after top-level fields only (got {order})")
-    batch = yield _fields(filter, order, projection, limit)
-    if not batch.more:
-        return batch.documents
-    got = batch.documents
     added: list[str] = []
-    total = _total(order)
-    if "_id" not in (f for f, _ in order) or (got and any(f not in got[-1] for f, _ in total)):
-        # No keyset to continue after: ask again from the start, in an order that has one.
+    if moving:  # every document must carry its _id, to be named among those received
+        projection, added = _with_keys(projection, ["_id"])
+    batch = yield _fields(filter, order, projection, limit)
+    got = batch.documents
+    if not batch.more and not added:
+        return got
+    if batch.more and not moving:
+        total = _total(order)
+        if "_id" not in (f for f, _ in order) or (got and any(f not in got[-1] for f, _ in total)):
+            # No keyset to continue after: ask again from the start, in an order that has one.
+            projection, added = _with_keys(projection, [f for f, _ in total])
+            batch = yield _fields(filter, total, projection, limit)
+            got = batch.documents
         order = total
-        projection, added = _with_keys(projection, [f for f, _ in order])
-        batch = yield _fields(filter, order, projection, limit)
-        got = batch.documents
-    order = total
     while batch.more:
         if not batch.documents:
             raise CursorStuck("the server answered a find with no document and left its cursor open")
         left = limit - len(got) if limit else 0
         if limit and left <= 0:
             break
-        keyset = _after(order, batch.documents[-1])
-        batch = yield _fields({"$and": [filter, keyset]} if filter else keyset, order, projection, left)
+        rest = {"_id": {"$nin": [d["_id"] for d in got]}} if moving else _after(order, batch.documents[-1])
+        batch = yield _fields({"$and": [filter, rest]} if filter else rest, order, projection, left)
         got.extend(batch.documents)
-    log.debug("a find read in several batches: %d documents", len(got))
+        log.debug("a find read in several batches: %d documents so far", len(got))
     seen: set[Any] = set()
     once: list[Document] = []
     for doc in got:
@@ -166,11 +182,18 @@ def walk(filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = 
     return once[:limit] if limit else once
 
 
-def _command(coll: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
+def max_time_ms(until: float) -> int:
+    """``maxTimeMS`` for a server that must stop by *until* (a ``time.monotonic()``): at least 1 (0 means no limit)."""
+    return max(1, int((until - time.monotonic()) * 1000))
+
+
+def _command(coll: Any, fields: Mapping[str, Any], until: float | None) -> dict[str, Any]:
     command: dict[str, Any] = {"find": coll.name, **fields}
     concern = coll.read_concern.document
     if concern:
         command["readConcern"] = concern
+    if until is not None:  # each find of the walk gets what is left
+        command["maxTimeMS"] = max_time_ms(until)
     return command
 
 
@@ -181,13 +204,17 @@ def _batch(reply: Mapping[str, Any]) -> tuple[Batch, int]:
 
 
 def read(coll: Any, filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = None, limit: int = 0,
-         projection: Mapping[str, Any] | None = None) -> list[Document]:
-    """``find(filter, projection, sort=sort, limit=limit)`` on the pymongo ``Collection`` *coll*, read exactly."""
-    steps = walk(filter, sort=sort, limit=limit, projection=projection)
+         projection: Mapping[str, Any] | None = None, moving: bool = False,
+         until: float | None = None) -> list[Document]:
+    """``find(filter, projection, sort=sort, limit=limit)`` on the pymongo ``Collection`` *coll*, read exactly.
+
+    *moving*: as :func:`walk`. *until*: the ``time.monotonic()`` by which the server must stop each find (sent as
+    ``maxTimeMS``); None sends none (under ``pymongo.timeout``, pymongo sends one)."""
+    steps = walk(filter, sort=sort, limit=limit, projection=projection, moving=moving)
     db = coll.database
     fields = next(steps)
     while True:
-        reply = db.command(_command(coll, fields), codec_options=coll.codec_options, read_preference=coll.read_preference)
+        reply = db.command(_command(coll, fields, until), codec_options=coll.codec_options, read_preference=coll.read_preference)
         batch, cursor_id = _batch(reply)
         if cursor_id:
             try:
@@ -201,13 +228,14 @@ def read(coll: Any, filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]
 
 
 async def read_async(coll: Any, filter: Mapping[str, Any], *, sort: Sequence[tuple[str, int]] | None = None,
-                     limit: int = 0, projection: Mapping[str, Any] | None = None) -> list[Document]:
+                     limit: int = 0, projection: Mapping[str, Any] | None = None,
+                     moving: bool = False, until: float | None = None) -> list[Document]:
     """:func:`read` on a pymongo ``AsyncCollection``."""
-    steps = walk(filter, sort=sort, limit=limit, projection=projection)
+    steps = walk(filter, sort=sort, limit=limit, projection=projection, moving=moving)
     db = coll.database
     fields = next(steps)
     while True:
-        reply = await db.command(_command(coll, fields), codec_options=coll.codec_options,
+        reply = await db.command(_command(coll, fields, until), codec_options=coll.codec_options,
                                  read_preference=coll.read_preference)
         batch, cursor_id = _batch(reply)
         if cursor_id:

@@ -34,54 +34,63 @@ from ..errors import ClusterUnavailable
 from ..observe import Event
 from .errors import classify
 from .finds import read as read_sync
-from .finds import WHOLE, read_async
+from .finds import WHOLE, max_time_ms, read_async
 
-__all__ = ["IORequest", "IO_REQUESTS", "Call", "call_for", "describe", "failed", "insert_outcome", "late", "observed", "calls_for",
-           "request_op", "time_left"]
+__all__ = ["IORequest", "IO_REQUESTS", "READS", "Call", "call_for", "describe", "expired", "failed", "insert_outcome", "late",
+           "observed", "calls_for", "request_op", "server_deadline", "time_left"]
 
 IORequest = Find | Count | Aggregate | Insert | Upserts | Delete | Update
 #: The request types a driver sends to a cluster (for ``isinstance``).
 IO_REQUESTS = (Find, Count, Aggregate, Insert, Upserts, Delete, Update)
-#: A request ready to send: the zero-argument call (returning a value, or an awaitable of it
-#: for the async client) and what turns its result into the core's answer.
-Call = tuple[Callable[[], Any], Callable[[Any], Any]]
+#: The requests that only read: their pymongo calls take ``maxTimeMS`` (a write's do not: only ``pymongo.timeout``
+#: sends one with a write).
+READS = (Find, Count, Aggregate)
+#: A request ready to send: the call and what turns its result into the core's answer. The call is given *until*,
+#: the ``time.monotonic()`` by which the server must stop a read (sent as ``maxTimeMS``, see :func:`server_deadline`),
+#: or None where ``pymongo.timeout`` is in force (it sends one itself); it returns a value, or an awaitable of it for
+#: the async client.
+Call = tuple[Callable[[float | None], Any], Callable[[Any], Any]]
 
 _SENT_AS_IS: Callable[[Any], Any] = lambda raw: raw  # noqa: E731
+
+
+def _max_time(until: float | None) -> dict[str, int]:
+    return {} if until is None else {"maxTimeMS": max_time_ms(until)}
 
 
 def call_for(request: IORequest, coll: Any) -> Call:
     """The pymongo call for *request* on collection *coll* (sync or async: the same methods)."""
     if isinstance(request, Find):  # read in whole first batches, never by getMore (see router.storage.finds)
         read = read_async if isinstance(coll, AsyncCollection) else read_sync
-        return (lambda: read(coll, request.filter, sort=request.sort, limit=request.limit,
-                             projection=request.projection)), _SENT_AS_IS
+        return (lambda until: read(coll, request.filter, sort=request.sort, limit=request.limit,
+                                   projection=request.projection, moving=request.moving, until=until)), _SENT_AS_IS
     if isinstance(request, Count):
         limit = {"limit": request.limit} if request.limit else {}
-        return (lambda: coll.count_documents(request.filter, **limit)), int
+        return (lambda until: coll.count_documents(request.filter, **limit, **_max_time(until))), int
     if isinstance(request, Aggregate):
-        # Whole in the first batch, as a find (router.storage.finds): FerretDB 2's getMore repeats and skips rows of a
-        # streamed pipeline once documents were updated. A result past WHOLE rows (or 16 MiB) is still continued by
-        # getMore: a group's actors where it spans periods (grouped rows, which came back exact there when measured),
-        # or more than WHOLE pulled copies in one window.
+        # Whole in the first batch where it fits (WHOLE rows, 16 MiB). A larger answer is read on by getMore, which is
+        # exact because every pipeline the core sends holds a stage that makes FerretDB 2 keep the whole answer from
+        # the first batch (Aggregate: HOLDING_STAGES); its getMore would repeat and skip rows of a streamed pipeline.
         pipeline = list(request.pipeline)
         if inspect.iscoroutinefunction(coll.aggregate):  # the async collection: aggregate is awaited for its cursor
 
-            async def aggregate() -> list[dict[str, Any]]:
-                return list(await (await coll.aggregate(pipeline, batchSize=WHOLE)).to_list())
+            async def aggregate(until: float | None) -> list[dict[str, Any]]:
+                return list(await (await coll.aggregate(pipeline, batchSize=WHOLE, **_max_time(until))).to_list())
 
             return aggregate, _SENT_AS_IS
-        return (lambda: coll.aggregate(pipeline, batchSize=WHOLE).to_list()), _SENT_AS_IS
+        return (lambda until: coll.aggregate(pipeline, batchSize=WHOLE, **_max_time(until)).to_list()), _SENT_AS_IS
+    # Writes: pymongo's write methods take no maxTimeMS; they run under pymongo.timeout, which sends it (until is None).
     if isinstance(request, Insert):
         documents = list(request.documents)
-        return (lambda: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())
+        return (lambda _until: coll.insert_many(documents, ordered=False)), (lambda _raw: InsertOutcome())
     if isinstance(request, Upserts):
         ops = [UpdateOne(f, u, upsert=True) for f, u in request.ops]
-        return (lambda: coll.bulk_write(ops, ordered=False)), (lambda _raw: InsertOutcome())
+        return (lambda _until: coll.bulk_write(ops, ordered=False)), (lambda _raw: InsertOutcome())
     if isinstance(request, Delete):
-        return (lambda: coll.delete_many(request.filter)), (lambda raw: int(raw.deleted_count))
+        return (lambda _until: coll.delete_many(request.filter)), (lambda raw: int(raw.deleted_count))
     update = coll.update_one if request.one else coll.update_many
     return (
-        (lambda: update(request.filter, request.update, upsert=request.upsert, array_filters=request.array_filters)),
+        (lambda _until: update(request.filter, request.update, upsert=request.upsert, array_filters=request.array_filters)),
         (lambda raw: UpdateOutcome(int(raw.matched_count), int(raw.modified_count))),
     )
 
@@ -133,25 +142,30 @@ def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Ev
 SELECTION_STEP = 0.5
 
 
-def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[Call]:
-    """The calls that carry out *request* on *coll*, each sent with the time left (:func:`time_left`) when its turn comes.
+def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[tuple[Call, float]]:
+    """The calls that carry out *request* on *coll*, each with what it may take: the time left (:func:`time_left`)
+    when its turn comes.
 
     Once *client* has found the cluster's servers failing and knows none the request may use,
     a ``ping`` waits for one first: that wait alone is capped at ``serverSelectionTimeoutMS``
     (after pymongo's next check), and the request then gets what is left of its deadline, so
     the first request to a restarted cluster does not have to find the server *and* be
     answered within it. A client not connected yet checks its servers at once: its first
-    request is sent as it is, not doubled by a ping.
+    request is sent as it is, not doubled by a ping. (Whether a server is known is looked up
+    once per call sent: a look at the client's topology costs microseconds on every request.)
     """
-    if not _server_known(request, client) and _servers_failed(client):
-        reads = isinstance(request, (Find, Count, Aggregate))
-        preference = client.read_preference if reads else ReadPreference.PRIMARY
-        yield (lambda: client.admin.command("ping", read_preference=preference)), _SENT_AS_IS
-    yield call_for(request, coll)
+    known = _server_known(request, client)
+    if not known and _servers_failed(client):
+        preference = client.read_preference if isinstance(request, READS) else ReadPreference.PRIMARY
+        ping: Call = (lambda _until: client.admin.command("ping", read_preference=preference)), _SENT_AS_IS
+        yield ping, time_left(request, client, known=False)
+        known = _server_known(request, client)
+    yield call_for(request, coll), time_left(request, client, known=known)
 
 
-def time_left(request: IORequest, client: Any) -> float:
-    """The time this request may take: what is left before its deadline (zero or less: do not send it).
+def time_left(request: IORequest, client: Any, *, known: bool | None = None) -> float:
+    """The time this request may take: what is left before its deadline (zero or less: do not send it). *known*:
+    whether the client knows a server the request may use (looked up when not given).
 
     Under ``pymongo.timeout`` pymongo ignores ``socketTimeoutMS`` and ``serverSelectionTimeoutMS``
     and waits until the deadline. Both are applied here again: no request waits longer than
@@ -159,6 +173,7 @@ def time_left(request: IORequest, client: Any) -> float:
     configuration says, as a timeout; and while the client knows no server the request may
     use (the cluster is down, or not reached yet), the wait for one is capped at
     ``serverSelectionTimeoutMS``, so a dead cluster leaves the rest of the call its time.
+    (A read the async storage bounds with ``asyncio.timeout`` gets the same time.)
     Once the client has found its servers failing, that wait is the ``ping`` of
     :func:`calls_for`, and pymongo looks at them again only on its next check, up to
     :data:`SELECTION_STEP` away: the wait gets ``serverSelectionTimeoutMS`` beyond it, or a
@@ -176,13 +191,30 @@ def time_left(request: IORequest, client: Any) -> float:
     socket_timeout: float | None = client.options.pool_options.socket_timeout
     if socket_timeout:
         left = min(left, socket_timeout)
-    known = _server_known(request, client)
+    if known is None:
+        known = _server_known(request, client)
     recheck = not known and _servers_failed(client)
     if recheck or _driver_retries(request, client):
         left -= SELECTION_STEP
     if known:
         return left
     return min(left, float(client.options.server_selection_timeout) + (SELECTION_STEP if recheck else 0.0))
+
+
+def server_deadline(client: Any, left: float) -> float | None:
+    """The ``time.monotonic()`` by which the server must stop a read that may take *left* seconds (sent as
+    ``maxTimeMS``), or None when that leaves it less than a millisecond (do not send it).
+
+    As ``pymongo.timeout`` does, the server gets the time less one round trip (the slowest
+    of the client's servers' shortest, as its monitors measured them), so that when it stops
+    the read at its limit (``cancelled``) its answer comes back before the client stops waiting
+    (``timeout``).
+    """
+    trip = max((s.min_round_trip_time or 0.0 for s in client.topology_description.server_descriptions().values()),
+               default=0.0)
+    if left - trip < 0.001:
+        return None
+    return time.monotonic() + left - trip
 
 
 def _driver_retries(request: IORequest, client: Any) -> bool:
@@ -216,6 +248,18 @@ def late(request: IORequest, cluster: str, client: Any) -> Any:
     else:
         why = "too little of the call's time was left to send it"
     return _as_answer(request, Failure("timeout", ClusterUnavailable(cluster, f"{describe(request)}: {why}")))
+
+
+def expired(request: IORequest, cluster: str, client: Any, seconds: float) -> Any:
+    """The answer for a request the async storage stopped after *seconds*, its time (:func:`time_left`): what
+    ``pymongo.timeout`` gives there. While the client knew no server it may use, the wait for one ran out
+    (``unavailable``, as pymongo's ``ServerSelectionTimeoutError``); else the server did not answer in time
+    (``timeout``, as its ``NetworkTimeout``)."""
+    if not _server_known(request, client):
+        return _as_answer(request, Failure("unavailable", ClusterUnavailable(
+            cluster, f"{describe(request)}: no server it may use was found in {seconds:.1f} s")))
+    return _as_answer(request, Failure("timeout", ClusterUnavailable(
+        cluster, f"{describe(request)} timed out: no answer in {seconds:.1f} s")))
 
 
 def failed(request: IORequest, exc: BaseException, cluster: str, secrets: Sequence[str]) -> Any:

@@ -53,8 +53,8 @@ def _copy(value: Any) -> Any:
 
 
 def _compare(value: Any, op: str, operand: Any) -> bool:
-    if op == "$in":
-        return value in operand
+    if op == "$in":  # (an array field matches when one of its elements is in *operand*, as on a server)
+        return value in operand or (isinstance(value, list) and any(v in operand for v in value))
     if op == "$ne":
         return bool(value != operand)
     if value is None:

@@ -1,4 +1,8 @@
-"""Shared setup of the buckets tests: three periods (copies, buckets, buckets) on one mongo-java-server."""
+"""Shared setup of the buckets tests: three periods (copies, buckets, buckets) on one server.
+
+The fixtures ``server``, ``config`` and ``raw`` run a test on two servers that apply one document's filter and update
+atomically: the session's (FerretDB 2 on DocumentDB unless ``$FEED_TEST_BACKEND`` says otherwise) and a
+mongo-java-server of the module's own (``javaserver``); a module imports them by name."""
 
 from __future__ import annotations
 
@@ -6,16 +10,20 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pymongo import MongoClient
 
 from router import ClusterConfig, FeedItem, RouterConfig
 from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
 from router.storage.clusters import Clusters
+from harness import javaserver as javaservers
+from harness.javaserver import LocalJavaServer
+from harness.localservers import LocalClusters
 
 from .conftest import NAMES, PERIODS
 
@@ -86,3 +94,37 @@ def copies_per_receiver(raw: MongoClient[dict[str, Any]], config: RouterConfig, 
     for doc in feed(raw, config, i).find({}):
         counts[doc["receiver_id"]] = counts.get(doc["receiver_id"], 0) + len(doc["items"])
     return counts
+
+
+@pytest.fixture(scope="module")
+def javaserver() -> Iterator[LocalJavaServer]:
+    with LocalJavaServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["harness", "javaserver"])
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, bool]]:
+    """The URI of a server that appends atomically, and whether it is mongo-java-server."""
+    if request.param == "javaserver":
+        yield request.getfixturevalue("javaserver").uri, True
+    else:
+        local: LocalClusters = request.getfixturevalue("servers")
+        yield local.uris[0], local.backend == "javaserver"
+
+
+@pytest.fixture
+def config(server: tuple[str, bool]) -> Iterator[RouterConfig]:
+    uri, java = server
+    config = buckets_config(uri)
+    yield config
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+    for spec in config.clusters:
+        (javaservers.drop_database if java else MongoClient.drop_database)(client, config.database_for(spec))
+    client.close()
+
+
+@pytest.fixture
+def raw(server: tuple[str, bool]) -> Iterator[MongoClient[dict[str, Any]]]:
+    client: MongoClient[dict[str, Any]] = MongoClient(server[0], tz_aware=True)
+    yield client
+    client.close()

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +133,11 @@ def test_check_config_error_exits_2_without_traceback(tmp_path: Path) -> None:
     assert f"{path}:3:10: clusters[0].uri: must be a mongodb:// or mongodb+srv:// URI (got 'localhost')" in result.stderr
     assert f"{path}:4:11: clusters[1].name: duplicate cluster name" in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+    secret = "S3cret-erasure-key-0123456789"
+    path.write_text(f"clusters:\n  - name: a\n    uri: mongodb://h:1\nerasure: {secret}\n")  # key: left out
+    result = feedrouter("-c", str(path), "check")
+    assert result.returncode == 2 and f"{path}:4:10: erasure: must be a mapping (got a single value, not shown" in result.stderr
+    assert secret not in result.stderr + result.stdout
 
 
 def test_check_metadata_problem_exits_1(make_config: Callable[..., RouterConfig], tmp_path: Path) -> None:
@@ -265,3 +274,77 @@ def test_unseen_arguments(make_config: Callable[..., RouterConfig], tmp_path: Pa
     after = feedrouter("-c", path, "unseen", "５", "--json", "--cap", "3")
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout) == before and before["receiver_id"] == "５" and before["unseen"] == 0
+
+
+def on_a_terminal(*args: str, cwd: Path | None = None) -> tuple[int, str]:
+    """Run feedrouter with stdout and stderr on a pseudo-terminal of their own (as a person at a terminal runs it):
+    its exit code and everything it wrote there."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    child = subprocess.Popen([sys.executable, "-m", "router.cli", *args], stdin=subprocess.DEVNULL, stdout=slave,
+                             stderr=slave, cwd=cwd, env=env)
+    os.close(slave)
+    out = bytearray()
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                if child.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(master)
+        code = child.wait(60)
+    return code, out.decode("utf-8", "replace")
+
+
+def test_erase_and_export_show_progress_on_a_terminal_only(make_config: Callable[..., RouterConfig],
+                                                           tmp_path: Path) -> None:
+    """On a terminal, `export` and `erase` rewrite a line of progress on stderr (the records of each file so far; the
+    clusters done and what each running one removed so far) and clear it before the result; with --json, or with
+    stdout and stderr not on a terminal, nothing but the result is written."""
+    from router import Activity, FeedItem, FeedRouter, data_key
+
+    config = make_config()
+    register(config)
+    path = str(write_yaml(tmp_path / "clusters.yaml", config))
+    user = 2**40 + 7
+    with FeedRouter(config) as router:
+        for n, when in enumerate((datetime(2024, 2, 1, tzinfo=timezone.utc), datetime(2024, 5, 1, tzinfo=timezone.utc),
+                                  datetime(2024, 8, 1, tzinfo=timezone.utc))):
+            router.publish(Activity(sender_id=user, event_time=when, type=1, data={"n": n}, data_key=data_key("tty", n)),
+                           range(1, 3001), batch_size=500)
+            router.write_many([FeedItem(receiver_id=user, sender_id=5, event_time=when, type=1, data={"to": n},
+                                        data_key=data_key("tty-in", n))])
+    clear = "\r\x1b[2K"
+    for n, json_flag in enumerate(((), ("--json",))):
+        folder = tmp_path / f"export{n}"
+        folder.mkdir()
+        code, shown = on_a_terminal("-c", path, *json_flag, "export", str(user), str(folder))
+        assert code == 0, shown
+        if json_flag:
+            assert clear not in shown and "exporting" not in shown and json.loads(shown)["files"]["sent.jsonl"]["records"] == 3
+        else:
+            assert f"{clear}exporting: sent 1 (sent, reading cluster_1)" in shown
+            assert f"{clear}exporting: sent 3, received 1 (received, reading cluster_1)" in shown, shown
+            assert f"{clear}exported to {folder}" in shown.replace("\r\n", "\n")  # the line cleared, then the result
+    piped = feedrouter("-c", path, "export", str(user), str(tmp_path))  # not a terminal: a usage error, no progress
+    assert piped.returncode == 2 and clear not in piped.stderr
+    code, shown = on_a_terminal("-c", path, "erase", str(user), "--by", "tests")
+    assert code == 0, shown
+    frames = re.findall(r"\r\x1b\[2K(erasing: [^\r\n]*)", shown)
+    assert frames and frames[-1] == "erasing: 3/3 clusters done", frames
+    assert any(re.fullmatch(r"erasing: [012]/3 clusters done; (cluster_\d [\d,]+ removed(, )?)+", f) for f in frames), frames
+    assert f"{clear}erasure " in shown and "erased in 3 clusters" in shown and str(user) not in shown
+    again = feedrouter("-c", path, "erase", str(user), "--by", "tests, again")  # piped: the result alone
+    assert again.returncode == 0 and again.stderr == "" and "erased in 3 clusters" in again.stdout
+    code, shown = on_a_terminal("-c", path, "--json", "erase", str(user), "--by", "tests, json")
+    assert code == 0 and clear not in shown and json.loads(shown)["totals"]["feed_sent"] == 0

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from pymongo import monitoring
 
-from router import Activity, FeedItem, FeedRouter, RouterConfig, RouterError, WriteFailed, data_key
+from router import Activity, ClusterUnavailable, FeedItem, FeedRouter, RouterConfig, RouterError, WriteFailed, data_key
 from router.observe.prometheus import PrometheusMetrics
 from harness.localservers import LocalClusters, LocalServer
 
@@ -168,3 +170,70 @@ def test_a_hung_cluster_leaves_the_others_a_partial_page(
             cursor = later.next_cursor
         assert sorted(it.data["n"] for it in seen) == sorted(it.data["n"] for it in items), hung
         assert len({it.id for it in seen}) == len(items)
+
+
+class TimeLimits(monitoring.CommandListener):
+    """The ``maxTimeMS`` of every find, aggregate, insert, update and delete started while ``on``, with its name."""
+
+    NAMES = ("find", "aggregate", "insert", "update", "delete")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.sent: list[tuple[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.on and event.command_name in self.NAMES:
+            self.sent.append((event.command_name, event.command.get("maxTimeMS")))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_every_request_carries_its_deadline_to_the_server(
+    hung_router: Callable[..., tuple[FeedRouter, list[LocalServer]]]
+) -> None:
+    """timeout 3s: every find, count (an aggregate), insert, update and delete the calls send carries ``maxTimeMS``,
+    more than 0 and at most the timeout, so the server stops what the router stops waiting for. (The async door
+    sends it with its reads itself, which it bounds with asyncio.timeout; elsewhere pymongo.timeout sends it.)"""
+    limits = TimeLimits()
+    router, _servers = hung_router(timeout=timedelta(seconds=3), event_listeners=[limits])
+    limits.on = True
+    items = period_items(30, 4)
+    router.write_many(items)
+    assert len(router.read(30, limit=10).items) == 10
+    router.unseen_count(30)
+    router.update(items[0].data_key, {"n": -1})
+    router.delete(items[1].data_key)
+    assert {name for name, _ in limits.sent} == set(TimeLimits.NAMES), limits.sent
+    assert all(isinstance(ms, int) and 0 < ms <= 3000 for _, ms in limits.sent), limits.sent
+
+
+def test_reads_cut_at_their_deadline_give_their_connections_back(
+    hung_router: Callable[..., tuple[FeedRouter, list[LocalServer]]]
+) -> None:
+    """maxPoolSize 1, timeout 1s, the newest cluster stopped (SIGSTOP): four reads at once each fail as a timeout
+    naming it (one waiting for its answer, three for the one connection; the async door cuts them with
+    asyncio.timeout, cancelling pymongo mid-request). Once the cluster is back, reads are answered again, one after
+    another and four at once: no connection went back to the pool half-read, and none was lost from it."""
+    registry = CollectorRegistry()
+    router, servers = hung_router(timeout=timedelta(seconds=1), maxPoolSize=1,
+                                  metrics=PrometheusMetrics(registry=registry))
+    router.write_many([it for it in period_items(40, 3) if it.event_time >= P2])  # a page the newest period fills
+    assert len(router.read(40, limit=3).items) == 3
+    servers[2].pause()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda _: timed(lambda: router.read(40, limit=3)), range(4)))
+    finally:
+        servers[2].resume()
+    for _elapsed, outcome in outcomes:
+        assert isinstance(outcome, ClusterUnavailable) and outcome.cluster == "cluster_3", outcome
+    assert sample(registry, "feedrouter_requests_total", cluster="cluster_3", op="find.feed", outcome="timeout") == 4
+    for _ in range(3):
+        assert len(in_thread(lambda: router.read(40, limit=3)).items) == 3
+    with ThreadPoolExecutor(4) as pool:
+        pages = list(pool.map(lambda _: in_thread(lambda: router.read(40, limit=3)), range(4)))
+    assert [len(p.items) for p in pages] == [3, 3, 3, 3]

@@ -22,15 +22,16 @@ from typing import Any
 
 import attrs
 import pytest
+from bson.int64 import Int64
 
-from router import Activity, InvalidItem, RouterConfig, SenderErased, data_key
+from router import Activity, FeedItem, InvalidItem, RouterConfig, SenderErased, data_key
 from router.admin.status import check_report
 from router.fanout.celery import make_app, publish_fan_out
 from router.sync import FeedRouter
 from harness.bench_celery import WorkerProcess
 
 from .conftest import NOW, P1
-from .erasure import USER, Clients, copies_sent, layout_config, naming
+from .erasure import USER, USERS, Clients, copies_sent, layout_config, naming
 from .test_celery import broker, broker_idle, broker_url, wait_for, workers  # noqa: F401 - fixtures
 
 #: In [P1, P2): cluster_2 owns every copy.
@@ -87,7 +88,8 @@ def test_erase_during_a_background_publish_of_their_post(router: Any, raw_client
         router.publish(post(USER, 2), range(10))
 
 
-def test_erase_during_fan_outs_to_them(router: Any, raw_clients: Clients, config: RouterConfig) -> None:
+@USERS
+def test_erase_during_fan_outs_to_them(router: Any, raw_clients: Clients, config: RouterConfig, user: int) -> None:
     """Another sender's fan-outs: one gave the user a copy before the erasure (the erasure removes it), one reaches
     them after it (the batch removes it again and counts them skipped); every other receiver keeps its copy."""
     gate = threading.Event()
@@ -95,27 +97,28 @@ def test_erase_during_fan_outs_to_them(router: Any, raw_clients: Clients, config
     def late() -> Iterator[int]:
         yield from range(1, 3001)
         assert gate.wait(120), "the test never opened the gate"
-        yield USER
+        yield Int64(user)  # as a read of a follower list returns a 64-bit id
         yield from range(3001, 6000)
 
-    early = router.fan_out(post(OTHER, 3), [*range(1, 100), USER, *range(100, 5000)], batch_size=500)
+    early = router.fan_out(post(OTHER, 3), [*range(1, 100), user, *range(100, 5000)], batch_size=500)
     assert early.written == 5000
     handle = router.fan_out(post(OTHER, 4), late(), background=True, batch_size=500)
     written_at_least(handle, 2500)
-    router.erase_user(USER, requested_by="tests")
+    router.erase_user(user, requested_by="tests")
     gate.set()
     result = handle.result(timeout=300)
     assert result.ok and result.written == 5999 and result.skipped == 1
-    assert naming(raw_clients, config) == []
+    assert naming(raw_clients, config, user) == []
     assert copies_sent(raw_clients, config, OTHER) == 4999 + 5999
 
 
-def test_erase_during_backfills(router: Any, raw_clients: Clients, config: RouterConfig) -> None:
+@USERS
+def test_erase_during_backfills(router: Any, raw_clients: Clients, config: RouterConfig, user: int) -> None:
     """Backfills into the user's feed and of the user's posts into others' feeds, on two threads, while the user is
     erased: once they stop, nothing names the user."""
     for n in range(5):
         router.publish(post(OTHER, 10 + n), [], pull=True)
-        router.publish(post(USER, 20 + n), [], pull=True)
+        router.publish(post(user, 20 + n), [], pull=True)
     done: list[int] = []
     errors: list[BaseException] = []
 
@@ -127,23 +130,53 @@ def test_erase_during_backfills(router: Any, raw_clients: Clients, config: Route
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    threads = [threading.Thread(target=rebuild, args=(lambda _i: USER, [OTHER])),
-               threading.Thread(target=rebuild, args=(lambda i: 100_000 + i, [USER]))]
+    threads = [threading.Thread(target=rebuild, args=(lambda _i: user, [OTHER])),
+               threading.Thread(target=rebuild, args=(lambda i: 100_000 + i, [user]))]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 120
     while len(done) < 40:
         assert time.monotonic() < deadline and all(t.is_alive() for t in threads), errors
         time.sleep(0.01)
-    router.erase_user(USER, requested_by="tests")
+    router.erase_user(user, requested_by="tests")
     for thread in threads:
         thread.join(300)
     assert not any(t.is_alive() for t in threads) and errors == [] and len(done) == 300
-    assert naming(raw_clients, config) == []
+    assert naming(raw_clients, config, user) == []
 
 
+@USERS
+def test_two_erasures_of_one_user_at_once_count_each_document_once(router: Any, raw_clients: Clients,
+                                                                    config: RouterConfig, user: int) -> None:
+    """Two erase_user calls for the same user started together: what they removed adds up to what was stored, per
+    collection (in buckets, a bucket both found is counted by the one whose statement changed it), and nothing names
+    the user."""
+    for n in range(4):  # 4 posts to the same 500 followers: 2,000 copies, in buckets 4 in each follower's bucket
+        router.publish(post(user, 40 + n), range(1000, 1500), batch_size=500)
+    router.write_many([FeedItem(receiver_id=user, sender_id=OTHER, event_time=WHEN + timedelta(seconds=n), type=1,
+                                data={"n": n}, data_key=data_key("race-in", n)) for n in range(120)])
+    assert copies_sent(raw_clients, config, user) == 2000
+    start = threading.Barrier(2)
+    results: list[Any] = []
+
+    def erase() -> None:
+        start.wait(30)
+        results.append(router.erase_user(user, requested_by="tests"))
+
+    threads = [threading.Thread(target=erase) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert len(results) == 2
+    totals = {what: sum(r.totals[what] for r in results) for what in ("feed_sent", "feed_received", "outbox", "posts")}
+    assert totals == {"feed_sent": 2000, "feed_received": 120, "outbox": 4, "posts": 4}
+    assert naming(raw_clients, config, user) == []
+
+
+@USERS
 def test_erase_during_celery_jobs_with_two_workers(
-    config: RouterConfig, workers: Callable[..., list[WorkerProcess]], broker_url: str, raw_clients: Clients,
+    config: RouterConfig, workers: Callable[..., list[WorkerProcess]], broker_url: str, raw_clients: Clients, user: int,
 ) -> None:
     """Two worker processes, 60 batches of the user's post and 12 of another's (the user among its last receivers)
     queued; the user is erased once 3 batches are done. Batches running remove what they wrote, queued ones write
@@ -151,19 +184,19 @@ def test_erase_during_celery_jobs_with_two_workers(
     pool = workers(config, broker_url)
     app = make_app(broker_url)
     with FeedRouter(config, clock=lambda: NOW) as router:
-        mine = publish_fan_out(router, app, post(USER, 5), range(30_000), batch_size=500)
-        theirs = publish_fan_out(router, app, post(OTHER, 6), [*range(1, 6000), USER], batch_size=500)
+        mine = publish_fan_out(router, app, post(user, 5), range(30_000), batch_size=500)
+        theirs = publish_fan_out(router, app, post(OTHER, 6), [*range(1, 6000), Int64(user)], batch_size=500)
         wait_for("3 batches done", lambda: router.fan_out_status(mine.job_id).batches_done >= 3)
-        router.erase_user(USER, requested_by="tests")
+        router.erase_user(user, requested_by="tests")
         wait_for("the broker idle", lambda: broker_idle(broker_url), timeout=300)
-        assert naming(raw_clients, config) == []
+        assert naming(raw_clients, config, user) == []
         with pytest.raises(InvalidItem, match="no cluster has a fan-out job"):
             router.fan_out_status(mine.job_id)
         status = router.fan_out_status(theirs.job_id)
         assert status.state == "done" and status.written + status.skipped == 6000 and status.skipped >= 1
         assert any("its sender was erased" in w.log_text() for w in pool)
         with pytest.raises(SenderErased):  # publishing it again is refused
-            publish_fan_out(router, app, post(USER, 5), range(30_000), batch_size=500)
+            publish_fan_out(router, app, post(user, 5), range(30_000), batch_size=500)
 
 
 def test_an_interrupted_erasure_completes_when_called_again(

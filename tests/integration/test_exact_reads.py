@@ -215,3 +215,67 @@ def test_a_resumed_fan_out_reads_every_batch_record(churn_router: Callable[[str,
     churn.on = False
     assert (again.batches_resumed, again.resumed, again.written, again.already_present) == (300, 300, 0, 0)
     assert "getMore" not in churn.sent and churn.updated > 0
+
+
+# -- reads the server continues by getMore: held cursors only ---------------------------------------------------
+
+class EditUnread(monitoring.CommandListener):
+    """After the first batch of an ``aggregate`` on ``feed`` that leaves its cursor open, sets a field of every
+    matching document that batch did not hold (an editor reaching the copies still to be read), through another
+    client. The space their old versions held was freed by ``VACUUM`` beforehand, so FerretDB 2 writes the new
+    versions before the cursor's position, where a streamed cursor's ``getMore`` passes them by."""
+
+    def __init__(self, raw: Any, match: dict[str, Any]) -> None:
+        self.raw = raw
+        self.match = match
+        self.edited = 0
+        self._asked: set[int] = set()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "aggregate" and event.command.get("aggregate") == "feed":
+            self._asked.add(event.request_id)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.request_id not in self._asked:
+            return
+        cursor = event.reply.get("cursor", {})
+        if cursor.get("id") and not self.edited:
+            read = [d["_id"] for d in cursor.get("firstBatch", ())]
+            self.edited = self.raw.feed.update_many({**self.match, "_id": {"$nin": read}},
+                                                    {"$set": {"data.edited": True}}).modified_count
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.mark.parametrize("size", ["40 of 1 MiB", "10,500 small"])
+def test_a_pulled_senders_copies_are_counted_whole_while_edited(
+    size: str, make_config: Callable[..., RouterConfig], open_router: Callable[..., Any], raw_clients: Clients,
+    servers: Any, db_name: str
+) -> None:
+    """read_groups with a pulled sender whose copies in one group pass a first batch (40 items of 1 MiB: the 16 MiB
+    cut; 10,500 small ones: the 10,000 rows asked for), the copies not in the first batch edited before the rest is
+    read, with the space of older versions freed (``VACUUM``): the group counts every item, once."""
+    config = make_config(timeout=timedelta(seconds=60))
+    register(config)
+    r, celeb = 7, 4242
+    day = P2 + timedelta(days=3)
+    n, pad = (40, 1 << 20) if size.startswith("40") else (10_500, 0)
+    items = [FeedItem(receiver_id=r, sender_id=celeb, event_time=day + timedelta(seconds=i), type="post",
+                      data={"target": 1, "pad": random.randbytes(pad).hex()[:pad]}, data_key=data_key("celeb", i))
+             for i in range(n)]
+    raw = raw_clients["cluster_3"][db_name]
+    setup = open_router(config, clock=lambda: NOW)
+    step = 4 if pad else 2000
+    for start in range(0, n, step):
+        setup.write_many(items[start:start + step])
+    raw.feed.update_many({"receiver_id": r}, {"$set": {"data.seen": 1}})  # every copy's first version is now dead ...
+    vacuumed = servers.vacuum("cluster_3", db_name, "feed")  # ... and its space free (FerretDB 2)
+    editor = EditUnread(raw, {"receiver_id": r})
+    router = open_router(config, clock=lambda: NOW, event_listeners=[editor])
+    groups = router.read_groups(r, pull=[celeb]).groups
+    assert [(g.values, g.count, g.actor_count) for g in groups] == [(("post", 1), n, 1)]
+    if servers.backend == "javaserver":  # it answers an aggregate in one batch: nothing read after an edit
+        assert editor.edited == 0
+    else:
+        assert editor.edited > 0 and (vacuumed or servers.backend != "ferretdb2")

@@ -26,10 +26,8 @@ from router.storage.clusters import Clusters
 from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P2
-from .erasure import Clients, config, layout, layout_config, naming, router  # noqa: F401 - fixtures
-
-#: A 64-bit user id: stored as an int64, read back by pymongo as a ``bson.Int64``.
-BIG = 2**40 + 765
+from .erasure import BIG_USER as BIG, Clients, layout_config, naming
+from .erasure import config, layout, router  # noqa: F401 - fixtures
 
 
 def sent(router: Any, user: Any, folder: Path) -> list[dict[str, Any]]:

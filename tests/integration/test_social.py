@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, copy_id, data_key, outbox_id
+from router.cursor import decode_state
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
 
@@ -515,6 +516,43 @@ def test_a_pulled_page_asks_each_cluster_twice_at_most(make_config: Callable[...
             break
     assert served == 101 and pages >= 6
     assert finds.documents <= served + 3 * 20 * pages  # at most a page of look-ahead per stream per cluster
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["distinct", "shared millisecond"])
+def test_a_wave_answer_cut_to_the_page_asks_its_cluster_once(make_config: Callable[..., RouterConfig],
+                                                            open_router: Callable[..., Any], servers: LocalClusters,
+                                                            layout: str, shared: bool) -> None:
+    """A page of 150 pulling 100 senders: cluster_3 gives 55, then cluster_2 and cluster_1 are asked in one wave for
+    the 95 missing; cluster_2 has 74, so cluster_1's answer is cut to the 21 left. With no entries sharing a
+    millisecond, cluster_1 gets one inbox find and one outbox find; with 40 of its posts in one millisecond (the cut
+    falls among them), the next page starts at the right one of them. The page and every page after it are the
+    feed's order."""
+    finds = CommandLog()
+    config = make_config()
+    register(config, layout=layout)
+    router = open_router(config, clock=lambda: NOW, event_listeners=[finds])
+    senders = [f"s{i}" for i in range(100)]
+    posts = [post(senders[n % 100], n, start + timedelta(hours=7 * n + 1))
+             for start, count, base in ((P2, 55, 0), (P1, 74, 100), (P0, 120, 200)) for n in range(base, base + count)]
+    if shared:  # cluster_1's 11th to 50th newest posts in one millisecond
+        same = posts[-11].event_time + timedelta(milliseconds=5)
+        posts[-50:-10] = [attrs.evolve(a, event_time=same) for a in posts[-50:-10]]
+    for act in posts:
+        router.publish(act, [], pull=True)
+    order = [a.data_key for a in sorted(posts, key=lambda a: (a.event_time, key_of(a, 77).binary), reverse=True)]
+    port = {int(uri.rsplit(":", 1)[1].split("/")[0]): name for name, uri in zip(NAMES, servers.uris)}
+    finds.on = True
+    page = router.read(77, limit=150, pull=senders)
+    finds.on = False
+    asked = sorted((port[c.port], c.collection) for c in finds.commands if c.name == "find")
+    assert [x.data_key for x in page.items] == order[:150]
+    position = decode_state(page.next_cursor).position
+    assert position is not None and position.skip == (11 if shared else 1)  # pulled entries served in its millisecond
+    if not shared:
+        assert asked == sorted([("cluster_3", "feed"), ("cluster_3", "outbox"), ("cluster_2", "feed"),
+                                ("cluster_2", "outbox"), ("cluster_1", "feed"), ("cluster_1", "outbox")]), asked
+    assert [x.data_key for x in page_all_from(router, 77, page.next_cursor, limit=150, pull=senders)] == order[150:]
+    assert [x.data_key for x in page_all(router, 77, limit=7, pull=senders)] == order
 
 
 def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callable[..., RouterConfig],

@@ -63,7 +63,7 @@ def test_a_sparse_receivers_page_asks_the_older_periods_in_waves(
 @pytest.mark.parametrize("seed", [1, 2])
 def test_scattered_receivers_page_exactly(fleet: RouterConfig, open_router: Callable[..., Any], door: str, seed: int) -> None:
     """Items scattered over the 200 periods (some periods dense, most empty), with and without pulled posts: paging
-    to the end at several page sizes gives every item once, newest first (waves cut or ask again an answer that
+    to the end at several page sizes gives every item once, newest first (waves cut an answer that
     holds more than the page needs)."""
     rng = random.Random(seed)
     receiver = {"sync": 200, "async": 300}[door] + seed

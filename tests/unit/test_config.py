@@ -121,6 +121,31 @@ def test_password_redacted_in_errors() -> None:
     assert "pw@" not in msg and "mongodb://u:***@h:1" in msg
 
 
+SECRET = "S3cret-erasure-key-0123456789"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (f"erasure: {SECRET}\n", "clusters.yaml:4:10: erasure: must be a mapping (got a single value, not shown: it goes "
+                              "under erasure.key)"),
+    ("erasure: ${FEED_ERASURE_KEY}\n", "clusters.yaml:4:10: erasure: must be a mapping (got a single value, not shown"),
+    (f"erasure:\n  {SECRET}\n", "clusters.yaml:5:3: erasure: must be a mapping (got a single value, not shown"),
+    (f"erasure: {{{SECRET}: x}}\n", "clusters.yaml:4:11: erasure: an unknown key, not shown (expected one of: key)"),
+    (f"erasure:\n  {SECRET}:\n", "clusters.yaml:5:3: erasure: an unknown key, not shown (expected one of: key)"),
+    (f"erasure: {{? [{SECRET}] : x}}\n", "clusters.yaml:4:13: erasure: keys must be strings (got a list)"),
+    ("erasure: {12345678901234567890: x}\n", "clusters.yaml:4:11: erasure: keys must be strings (got a single value)"),
+    (f"erasure:\n  key: [{SECRET}]\n", "clusters.yaml:5:8: erasure.key: must be a single value (got a list)"),
+])
+def test_the_erasure_key_is_never_shown_wherever_it_was_written(text: str, expected: str) -> None:
+    """An erasure key written one level up (as the erasure section's value, inline or on the next line), as a key of
+    the section, or in a list: the problem says where and what kind of value, never the value (nor an environment
+    variable's, once interpolated)."""
+    yaml = "clusters:\n  - name: a\n    uri: mongodb://h:1\n" + text
+    with pytest.raises(ConfigError) as raised:
+        parse_config(yaml, env={"FEED_ERASURE_KEY": SECRET})
+    assert str(raised.value).startswith(expected) or expected in str(raised.value), str(raised.value)
+    assert SECRET not in str(raised.value) and "12345678901234567890" not in str(raised.value)
+
+
 def test_load_config_reports_the_path(tmp_path: Path) -> None:
     """Errors from a file carry its path; a missing file is a ConfigError too."""
     path = tmp_path / "c.yaml"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 from collections.abc import Generator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,9 +21,12 @@ from router import Activity, ConfigError, FeedItem, InvalidItem, parse_config
 from router.core.erasure import ErasureRecord, ErasureStatus
 from router.core.export import ExportSummary
 from router.core.layouts import posts
+from router.core.layouts.buckets import first_bucket
 from router.core.pseudonyms import DEFAULT_KEY, Pseudonyms
 from router.core.settings import Settings
 from router.exports import ExportFolder
+from router.fanout.celery_plan import sendable
+from router.model import identity
 
 UTC = timezone.utc
 T = datetime(2024, 5, 4, 12, 30, 15, 250000, tzinfo=UTC)
@@ -39,6 +43,25 @@ def test_pseudonyms_are_keyed_and_keep_int_and_str_ids_apart() -> None:
     assert "k" * 8 not in repr(a) and Pseudonyms().default and not a.default
     with pytest.raises(ValueError):
         Pseudonyms(b"")
+
+
+@pytest.mark.parametrize("user", [5, -3, 2**40 + 765, 2**63 - 1, -(2**63)])
+def test_a_user_has_one_pseudonym_whatever_int_type_carries_the_id(user: int) -> None:
+    """An id read back as bson.Int64 (every int stored as 64 bits) is the int's user: the same pseudonym, the same
+    registry entry, the same first bucket; a str of the same digits stays another user, and a bool is no id."""
+    names = Pseudonyms(b"k" * 32)
+    assert names.of(Int64(user)) == names.of(user) != names.of(str(user))
+    assert names.many([user, Int64(user)]).keys() == {names.of(user)}
+    assert posts.post_id(Int64(user), "ab") == posts.post_id(user, "ab") != posts.post_id(str(user), "ab")
+    assert first_bucket(Int64(user)) == first_bucket(user) != first_bucket(str(user))
+    assert type(identity(Int64(user))) is int and identity(Int64(user)) == user
+    assert sendable([1, Int64(user)], 0) == [1, user]
+    for bad in (True, False, 1.0, 2**63, None, ""):
+        with pytest.raises(InvalidItem, match=r"^user_id: must be a 64-bit int or a non-empty UTF-8 str"):
+            identity(bad)
+    for bad in (True, 1.0, None):  # (True == 1, but it is no user)
+        with pytest.raises(InvalidItem):
+            names.of(bad)  # type: ignore[arg-type]
 
 
 def test_the_erasure_key_comes_from_clusters_yaml_and_is_never_shown() -> None:
@@ -65,14 +88,14 @@ def _migration(name: str) -> Any:
 
 
 def test_registry_ids_name_a_post_once_and_apart_from_the_other_shapes() -> None:
-    """A post registered alone is named by its pair (injective; a bson.Int64 sender is the int's user), apart from
-    migration 0006's ids of one post (a digit first), the writes' (``w``) and migration 0008's (``m``), which cuts
-    documents as the writers do (a copy of the rule, as shipped migrations keep theirs)."""
+    """A post registered alone is named by its pair (injective), apart from migration 0006's ids of one post (a
+    digit first; a bson.Int64 sender is the int's there too), the writes' (``w``) and migration 0008's (``m``), which
+    cuts documents as the writers do (a copy of the rule, as shipped migrations keep theirs)."""
     m6, m8 = _migration("0006_erasure"), _migration("0008_registry_by_write")
     assert posts.post_id(7, "ab") != posts.post_id("7", "ab") != posts.post_id(7, "ab7")
-    assert posts.post_id(Int64(2**40), "ab") == posts.post_id(2**40, "ab")
-    for sender, key in ((7, "abc"), ("7", "abc"), ("u", "4:xyzi7"), (-3, "k")):
+    for sender, key in ((7, "abc"), ("7", "abc"), ("u", "4:xyzi7"), (-3, "k"), (Int64(7), "abc"), (Int64(2**40), "k")):
         assert posts.post_id(sender, key).startswith("p") and m6.registry_id(sender, key)[0].isdigit()
+    assert m6.registry_id(Int64(2**40), "k") == m6.registry_id(2**40, "k")  # one sender, one entry
     item = FeedItem(receiver_id=1, sender_id=7, event_time=T, type=1, data={}, data_key="ab")
     assert [e.id[0] for e in posts.of_items([item])] == ["w"]
     assert m8.KEYS == posts.KEYS
@@ -118,29 +141,41 @@ def test_export_files_are_json_lines_with_their_checksums_in_the_manifest(tmp_pa
                     data={"b": b"\x00\x01", "d": Decimal128("1.5")}, id=oid)
     folder.write("received", item, "c1")
     folder.write("received", attrs.evolve(item, data={"text": "é"}), "c1")
+    folder.write("received", attrs.evolve(item, data={"nan": float("nan"), "up": float("inf"),
+                                                      "deep": [{"down": float("-inf")}, 1.5]}), "c1")
     assert not (tmp_path / "manifest.json").exists() and (tmp_path / "received.jsonl.partial").exists()
-    result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 2, "seen": 0, "read": 0}))
+    result = folder.finish(ExportSummary((("c1", T.isoformat(), None),), {"sent": 0, "received": 3, "seen": 0, "read": 0}))
     lines = (tmp_path / "received.jsonl").read_text(encoding="utf-8").splitlines()
     assert json.loads(lines[0]) == {"receiver_id": "u-7", "sender_id": 42, "event_time": T.isoformat(), "type": 1,
                                     "data": {"b": "AAE=", "d": {"$numberDecimal": "1.5"}}, "data_key": "k",
                                     "id": str(oid), "period": "c1"}
     assert json.loads(lines[1])["data"] == {"text": "é"}
+    assert json.loads(lines[2])["data"] == {"nan": {"$numberDouble": "NaN"}, "up": {"$numberDouble": "Infinity"},
+                                            "deep": [{"down": {"$numberDouble": "-Infinity"}}, 1.5]}
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     data = (tmp_path / "received.jsonl").read_bytes()
-    assert manifest["files"]["received.jsonl"] == {"records": 2, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert manifest["files"]["received.jsonl"] == {"records": 3, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert manifest["files"]["sent.jsonl"]["records"] == 0 and (tmp_path / "sent.jsonl").read_bytes() == b""
     assert manifest["user_id"] == "u-7" and manifest["periods"] == [{"name": "c1", "start": T.isoformat(), "end": None}]
-    assert result.counts == {"sent": 0, "received": 2, "seen": 0, "read": 0} and result.manifest == tmp_path / "manifest.json"
+    assert result.counts == {"sent": 0, "received": 3, "seen": 0, "read": 0} and result.manifest == tmp_path / "manifest.json"
 
 
-def test_an_export_folder_must_exist_and_hold_no_export(tmp_path: Path) -> None:
-    """Refused before anything is written, naming ``out``; an aborted export leaves no partial file."""
+def test_an_export_folder_must_exist_and_be_empty(tmp_path: Path) -> None:
+    """Refused before anything is written, naming ``out``: missing, a file, or holding anything at all (a file of
+    another name, a hidden file, a folder, an export); an aborted export leaves no partial file."""
     with pytest.raises(InvalidItem, match=r"^out: must be an existing folder \(got .*missing'?: missing\)"):
         ExportFolder(tmp_path / "missing", user_id=7)
     with pytest.raises(InvalidItem, match=r"^out: must be the path of a folder \(got NoneType\)"):
         ExportFolder(None, user_id=7)
-    (tmp_path / "seen.jsonl").write_text("")
-    with pytest.raises(InvalidItem, match=r"^out: already holds an export \(seen.jsonl\)"):
+    for name in ("notes.txt", ".hidden", "sub", "seen.jsonl"):
+        held = tmp_path / name
+        held.mkdir() if name == "sub" else held.write_text("kept")
+        with pytest.raises(InvalidItem, match=rf"^out: must be an empty folder \(got .*, which holds {re.escape(name)}\)$"):
+            ExportFolder(tmp_path, user_id=7)
+        held.rmdir() if name == "sub" else held.unlink()
+    for n in range(7):
+        (tmp_path / f"f{n}").write_text("")
+    with pytest.raises(InvalidItem, match=r"which holds f0, f1, f2, f3, f4 and 2 more\)$"):
         ExportFolder(tmp_path, user_id=7)
     other = tmp_path / "other"
     other.mkdir()

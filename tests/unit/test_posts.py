@@ -33,6 +33,7 @@ def test_a_write_registers_one_document_per_sender_each_post_once_at_its_first_t
     assert len({e.id for e in entries + posts.of_items(items)}) == 4  # written again: new documents, no duplicate
     doc = posts.REGISTRY.documents(entries[:1])[0]
     assert doc["event_time"] == T and doc["n"] == 3 and doc["keys"] == ["a", "b", "c"] and doc["sender_id"] == 7
+    assert [type(e.sender_id) for e in posts.of_items([item(Int64(2**40), "a"), item(2**40, "b")])] == [int]  # identity
 
 
 def test_a_sender_with_more_posts_than_a_document_lists_gets_several() -> None:
@@ -87,3 +88,17 @@ def test_an_ordered_page_continues_after_the_last_document_it_took() -> None:
             break
         after = page.after
     assert len(walked) == 4 == len(set(walked))
+
+
+def test_a_sweep_removes_the_documents_of_one_swept_post_alone() -> None:
+    """After an erasure's sweep of posts a and b: the documents listing a or b alone (of either shape, an Int64
+    sender's too) go; a document listing a with another post, another post's and another sender's stay."""
+    store = ScriptedStore()
+    register(store, [posts.Registered(7, "a", T).entry(), posts.Registered(Int64(7), "b", T).entry()])
+    register(store, posts.of_items([item(7, "a"), item(7, "c")]) + posts.of_items([item(7, "d")]))
+    register(store, [posts.Registered(8, "a", T).entry()])
+    store.docs("c", "posts")["0:old"] = {"_id": "0:old", "sender_id": 7, "data_key": "b", "event_time": T}
+    removed = store.answer(posts.remove_alone("c", Int64(7), ["a", "b"], 0.0))
+    assert removed == 3
+    assert sorted((d["sender_id"], d["keys"]) for d in store.docs("c", "posts").values()) == [
+        (7, ["a", "c"]), (7, ["d"]), (8, ["a"])]

@@ -24,7 +24,7 @@ newest-first answers by ``(event_time, id)`` strictly after a position; every co
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -39,7 +39,7 @@ from ..steps import Collection, Failure, Program, Request
 from ...layout_names import DEFAULT
 from .values import Copy, CopyBatch, FanBatch
 
-__all__ = ["DEFAULT", "EditSettings", "Inbox", "IndexSpec", "Layout", "Writer"]
+__all__ = ["DEFAULT", "EditSettings", "Inbox", "IndexSpec", "Landed", "Layout", "Writer"]
 
 B = TypeVar("B")
 
@@ -126,6 +126,10 @@ class EditSettings:
 
 #: How many copies an edit changed in one cluster, and the error that stopped it (None: finished).
 Edited = tuple[int, Any]
+#: What an edit that writes copies anew (a ``buckets`` update moving a copy to another bucket) does right after writing
+#: them, given the cluster, the ``data_key`` and the copies: bring them up to the edit fence and the erasure records,
+#: as every writer does (:func:`router.core.fence.settle`); None, or the failure that left them in doubt.
+Landed = Callable[[str, str, Sequence[Copy]], Program[Failure | None]]
 
 
 class Layout(Writer[CopyBatch]):
@@ -224,8 +228,9 @@ class Layout(Writer[CopyBatch]):
     # -- edits ----------------------------------------------------------------------------------
     @abc.abstractmethod
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
-                 what: str) -> Program[Edited]:
-        """Remove (*data* None) or re-data every copy of *data_key* in *cluster*, in bounded steps."""
+                 what: str, landed: Landed | None = None) -> Program[Edited]:
+        """Remove (*data* None) or re-data every copy of *data_key* in *cluster*, in bounded steps. A layout that
+        writes a copy anew to re-data it (``buckets``, moving it to a bucket with room) calls *landed* on it."""
 
     @abc.abstractmethod
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:

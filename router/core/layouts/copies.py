@@ -18,7 +18,7 @@ from bson import ObjectId
 from ...cursor import Position
 from ...model import FeedItem
 from ..steps import Count, Failure, Find, Insert, Program, Request
-from .base import EditSettings, Edited, IndexSpec, Inbox, Layout
+from .base import EditSettings, Edited, IndexSpec, Inbox, Landed, Layout
 from .queries import PAGE_SORT, fix_requests, in_steps, key_edit, newer_than, older_than, outside_clause
 from .values import Copy, FanBatch
 
@@ -28,9 +28,12 @@ __all__ = ["Copies"]
 _OLDEST_FIRST = (("event_time", 1), ("_id", 1))
 
 
-def _item(doc: Mapping[str, Any]) -> FeedItem:
-    return FeedItem(receiver_id=doc["receiver_id"], sender_id=doc["sender_id"], event_time=doc["event_time"],
-                    type=doc["type"], data=doc["data"], data_key=doc["data_key"], id=doc["_id"])
+def _entries(docs: Iterable[Mapping[str, Any]]) -> list[tuple[datetime, ObjectId, FeedItem]]:
+    """Stored copies as a page's entries, ``(event_time, _id, item)``: one comprehension, the item built inline (a
+    call per item was a tenth of a page's work in the core)."""
+    return [(d["event_time"], d["_id"], FeedItem(
+        receiver_id=d["receiver_id"], sender_id=d["sender_id"], event_time=d["event_time"], type=d["type"],
+        data=d["data"], data_key=d["data_key"], id=d["_id"])) for d in docs]
 
 
 # The bulk builders below are the hot paths' (write_many, fan-out): one comprehension a batch, the dict literal
@@ -77,7 +80,7 @@ class Copies(Layout):
                           sort=PAGE_SORT, limit=need)
         if isinstance(docs, Failure):
             return docs
-        return Inbox([(d["event_time"], d["_id"], _item(d)) for d in docs], len(docs) == need)
+        return Inbox(_entries(docs), len(docs) == need)
 
     def newer(self, cluster: str, receiver_id: int | str, bound: Position | None, need: int,
               deadline: float) -> Program[list[tuple[datetime, ObjectId]] | Failure]:
@@ -99,8 +102,8 @@ class Copies(Layout):
         return [{"$match": {"receiver_id": receiver_id, "event_time": times, **match}}]
 
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
-                 what: str) -> Program[Edited]:
-        match, update = key_edit(data_key, data)
+                 what: str, landed: Landed | None = None) -> Program[Edited]:
+        match, update = key_edit(data_key, data)  # (in place: a copy is a document of its own, never written anew)
         return (yield from in_steps(cluster, "feed", match, steps, update=update, what=what))
 
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
@@ -123,7 +126,7 @@ class Copies(Layout):
                           sort=_OLDEST_FIRST, limit=need)
         if isinstance(docs, Failure):
             return docs
-        return Inbox([(d["event_time"], d["_id"], _item(d)) for d in docs], len(docs) == need)
+        return Inbox(_entries(docs), len(docs) == need)
 
     def sent_copy(self, cluster: str, sender_id: int | str, data_key: str, deadline: float, *,
                   at: datetime | None = None) -> Program[FeedItem | None | Failure]:
@@ -131,7 +134,7 @@ class Copies(Layout):
         docs = yield Find(cluster, "feed", match, deadline, limit=1)
         if isinstance(docs, Failure):
             return docs
-        return _item(docs[0]) if docs else None
+        return _entries(docs[:1])[0][2] if docs else None
 
     def indexes(self, *, sharded: bool = False) -> list[IndexSpec]:
         return [

@@ -184,9 +184,11 @@ def unseen_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> lis
 
 def pulled_copies(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
                   senders: Sequence[int | str], types: Sequence[int | str], ceiling: Position, deadline: float) -> Aggregate:
-    """The receiver's copies from the pulled *senders* in ``[start, end)`` at or below *ceiling*, whole."""
+    """The receiver's copies from the pulled *senders* in ``[start, end)`` at or below *ceiling*, whole (sorted: a
+    ``$sort`` makes the server hold the answer, so one past a batch is read on exactly, see
+    :data:`~router.core.steps.HOLDING_STAGES`)."""
     match = {"sender_id": {"$in": list(senders)}, **copy_match(types=types, ceiling=ceiling)}
-    return _stream(layout, cluster, receiver_id, start, end, match, [], deadline)
+    return _stream(layout, cluster, receiver_id, start, end, match, [{"$sort": {"event_time": -1, "_id": -1}}], deadline)
 
 
 def pulled_posts(cluster: str, senders: Sequence[int | str], types: Sequence[int | str], start: datetime, end: datetime,

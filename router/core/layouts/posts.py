@@ -34,8 +34,9 @@ written at (its first item's). A sender's documents are found by the registry's
 The same post may be listed by several documents (a write made again, a post stored by a
 write and by a fan-out, registrations older than migration 0008): the readers take each
 ``(time, data_key)`` once. A document is never changed once stored: an erasure removes a
-document only after everything of the posts it lists (:func:`remove`), so a writer's
-document stored meanwhile is never lost with it. Documents of one post each (``data_key``
+document only after everything of the posts it lists (:func:`remove`, :func:`remove_alone`),
+so a writer's document stored meanwhile is never lost with it. Every sender is taken by its
+:func:`~router.model.identity` (a ``bson.Int64`` is the int's user; an int and a str are two). Documents of one post each (``data_key``
 and ``event_time`` instead of ``keys`` and ``times``), written by migration 0006 and by
 routers before 0008, are read as documents listing one post; migration 0008 turns the
 ones it finds into documents of a sender's posts each.
@@ -53,12 +54,12 @@ from typing import Any, ClassVar
 import attrs
 from bson import ObjectId
 
-from ...model import FeedItem
+from ...model import FeedItem, identity
 from ..steps import Collection, Delete, Failure, Find, Insert, Program, Request
 from .base import Writer
 
 __all__ = ["KEYS", "POSTS", "REGISTRY", "Entry", "Page", "Registered", "Registry", "forget", "of_items", "page",
-           "post_id", "remove"]
+           "post_id", "remove", "remove_alone"]
 
 #: The collection, in every cluster, that registers each sender's posts.
 POSTS: Collection = "posts"
@@ -68,16 +69,12 @@ KEYS = 500
 _OLDEST_FIRST = (("event_time", 1), ("_id", 1))
 
 
-def _tag(sender_id: int | str) -> str:
-    """What tells an int sender from a str one in an id: ``s`` for a str, ``i`` for an int of any type (a
-    ``bson.Int64`` is the same user as the plain int)."""
-    return "s" if isinstance(sender_id, str) else "i"
-
-
 def post_id(sender_id: int | str, data_key: str) -> str:
     """The ``_id`` of the document that registers *sender_id*'s post *data_key* alone: the pair, length-prefixed and
-    tagged (so injective), after a ``p`` no other registry id starts with."""
-    return f"p{len(data_key)}:{data_key}{_tag(sender_id)}{sender_id}"
+    tagged (so injective), after a ``p`` no other registry id starts with. The sender is its
+    :func:`~router.model.identity` (a ``bson.Int64`` is the int's user)."""
+    sender = identity(sender_id, "sender_id")
+    return f"p{len(data_key)}:{data_key}{'s' if type(sender) is str else 'i'}{sender}"
 
 
 @attrs.frozen(slots=True)
@@ -105,7 +102,7 @@ class Registered:
 
     def entry(self) -> Entry:
         """This post as the registry document that lists it alone."""
-        return Entry(self.id, self.sender_id, (self.data_key,), (self.event_time,))
+        return Entry(self.id, identity(self.sender_id, "sender_id"), (self.data_key,), (self.event_time,))
 
 
 class Registry(Writer[Sequence[Entry]]):
@@ -140,8 +137,8 @@ def of_items(items: Sequence[FeedItem]) -> list[Entry]:
     posts: dict[str, datetime] = {}
     for item in items:  # (write_many's hot path: per item a comparison and a lookup; per post a store)
         sender = item.sender_id
-        if sender != last:  # (equal ids are one sender: 5 and bson.Int64(5); 5 and "5" are two)
-            chunks = senders.setdefault(sender, [{}])
+        if sender != last:  # (ids equal as Python values are one identity: 5 and bson.Int64(5); 5 and "5" are two)
+            chunks = senders.setdefault(identity(sender, "sender_id"), [{}])
             posts = chunks[-1]
             last = sender
         key = item.data_key
@@ -173,6 +170,7 @@ def page(cluster: str, sender_id: int | str, deadline: float, *, after: tuple[da
     Two finds: the documents' sizes first (what their ``n`` says: one for a document of one post), then the posts of
     the documents that fit; so a step holds about :data:`KEYS` posts, however the documents were cut.
     """
+    sender_id = identity(sender_id, "sender_id")
     match: dict[str, Any] = {"sender_id": sender_id}
     if after is not None:
         when, last = after
@@ -217,7 +215,15 @@ def _listed(doc: Mapping[str, Any]) -> list[tuple[datetime, str]]:
 
 def remove(cluster: str, sender_id: int | str, ids: Sequence[str], deadline: float) -> Delete:
     """The request that removes *sender_id*'s registry documents *ids* (a page's, once its posts are gone)."""
-    return Delete(cluster, POSTS, {"sender_id": sender_id, "_id": {"$in": list(ids)}}, deadline)
+    return Delete(cluster, POSTS, {"sender_id": identity(sender_id, "sender_id"), "_id": {"$in": list(ids)}}, deadline)
+
+
+def remove_alone(cluster: str, sender_id: int | str, keys: Sequence[str], deadline: float) -> Delete:
+    """The request that removes *sender_id*'s registry documents that list one of the posts *keys* alone (of either
+    shape), once those posts are gone; a document that lists other posts too is left to the page that finds it."""
+    listed = list(keys)
+    return Delete(cluster, POSTS, {"sender_id": identity(sender_id, "sender_id"),
+                                   "$or": [{"n": 1, "keys": {"$in": listed}}, {"data_key": {"$in": listed}}]}, deadline)
 
 
 def forget(cluster: str, post: Registered, deadline: float) -> Delete:
