@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 from bson import ObjectId
 
+from ..config import WRITE_BATCH_SIZE
 from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
 from ..ids import make_ids
 from ..model import FeedItem
@@ -54,7 +55,7 @@ B = TypeVar("B")
 class WriteSettings:
     """The write tunables from clusters.yaml: documents per insert, retry policy, per-call timeout (seconds)."""
 
-    batch_size: int = 1000
+    batch_size: int = WRITE_BATCH_SIZE
     policy: RetryPolicy = RetryPolicy()
     timeout: float = 10.0
     #: Register each batch's posts by sender (:mod:`router.core.layouts.posts`). False only to measure what that costs
