@@ -53,11 +53,12 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterUnavailable, ErasureFailed, RouterError
+from ..errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
 from ..timemap import TimeMap
 from . import checkpoint, fence, seen
 from .fence import ERASURES_COLLECTION
 from .layouts import EditSettings, Writer, layout_for, outbox, posts
+from .live.push import PushEdit
 from .policy import deadline_in
 from .pseudonyms import Pseudonyms
 from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
@@ -344,6 +345,7 @@ def _page(plan: ErasurePlan, cluster: str, keys: Sequence[str], remove_sent: Cal
     if keys:
         error = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
         if error is None:
+            yield PushEdit(keys)  # their copies are gone: live subscribers
             error = yield from _jobs(cluster, keys, counts, settings.timeout)
         steps += [("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names]  # every cluster
         steps.append(("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))))
@@ -388,7 +390,7 @@ def _jobs(cluster: str, keys: Sequence[str], counts: dict[str, int], timeout: fl
     return None
 
 
-def _count(request: Delete, counts: dict[str, int], counted: str) -> Program[ClusterUnavailable | None]:
+def _count(request: Delete, counts: dict[str, int], counted: str) -> Program[ClusterError | None]:
     """Send a delete, adding what it removed to *counted*; the error that stopped it, or None."""
     answer = yield request
     if isinstance(answer, Failure):
