@@ -79,16 +79,16 @@ def start_job(
     """
     a = job.activity
     post = posts.Registered(a.sender_id, a.data_key, a.event_time)
-    stored = yield from insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline_in(timeout),
-                                       duplicates="present")
+    stored = yield from insert_program(job.cluster, posts.REGISTRY, [post.entry()], policy=policy,
+                                       deadline=deadline_in(timeout), duplicates="present")
     if stored.failed:
         raise next(iter(stored.failed.values()))
     try:
         fence = yield from refuse_deleted(job.cluster, a.data_key, timeout=timeout, sender=a.sender_id,
                                           pseudonyms=pseudonyms)
     except ItemDeleted:
-        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
-            yield request  # (left behind if this fails: the post's erasure or a later start removes it)
+        # (left behind if this fails: the post's erasure or a later start removes it)
+        yield posts.forget(job.cluster, post, deadline_in(timeout))
         raise
     done = yield from open_checkpoint(job, timeout=timeout)
     return done, fence

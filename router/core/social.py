@@ -69,7 +69,8 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     results = yield Concurrently([
         insert_program(job.cluster, outbox.OUTBOX, [Post(oid, a)], policy=policy, deadline=deadline,
                        duplicates="present"),
-        insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline, duplicates="present"),
+        insert_program(job.cluster, posts.REGISTRY, [post.entry()], policy=policy, deadline=deadline,
+                       duplicates="present"),
     ], [job.cluster, job.cluster])
     for result in results:
         if result.failed:
@@ -82,8 +83,8 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     yield from cleanups(settled.fences, {})
     fence = settled.fences[a.data_key]
     if fence.deleted:
-        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
-            yield request  # (left behind if this fails: the sender's erasure, or a later publish, removes it)
+        # (left behind if this fails: the sender's erasure, or a later publish, removes it)
+        yield posts.forget(job.cluster, post, deadline_in(timeout))
         raise SenderErased(a.data_key) if fence.erased else ItemDeleted(a.data_key)
     return bool(results[0].written == 1)
 

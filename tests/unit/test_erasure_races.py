@@ -66,7 +66,7 @@ def started(of: FanOutJob, *receivers: int) -> Any:
     def setup(store: ScriptedStore) -> None:
         a = of.activity
         post = posts.Registered(a.sender_id, a.data_key, a.event_time)
-        store.answer(posts.REGISTRY.store(CLUSTER, posts.REGISTRY.documents([post]), 0.0))
+        store.answer(posts.REGISTRY.store(CLUSTER, posts.REGISTRY.documents([post.entry()]), 0.0))
         run_alone(batch(of, 0, list(receivers), record=False), store)
     return setup
 

@@ -178,7 +178,7 @@ def test_a_users_data_is_found_by_the_layouts_own_indexes(name: str) -> None:
     after = Position(datetime(2024, 5, 4, tzinfo=UTC), ObjectId())
     programs = [layout.remove_sent("c", 7, ["k1", "k2"], steps), layout.remove_received("c", 7, steps),
                 layout.oldest_first("c", 7, None, 10, 0.0), layout.oldest_first("c", 7, after, 10, 0.0),
-                layout.sent_copy("c", 7, "k1", 0.0)]
+                layout.sent_copy("c", 7, "k1", 0.0), layout.sent_copy("c", 7, "k1", 0.0, at=after.event_time)]
     for program in programs:
         _result, sent = run_alone(program)
         assert sent

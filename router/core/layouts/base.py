@@ -258,9 +258,9 @@ class Layout(Writer[CopyBatch]):
         first (``full``: more may follow)."""
 
     @abc.abstractmethod
-    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
-                  deadline: float) -> Program[FeedItem | None | Failure]:
-        """One stored copy of *sender_id*'s post *data_key* (None: none here)."""
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str, deadline: float, *,
+                  at: datetime | None = None) -> Program[FeedItem | None | Failure]:
+        """One stored copy of *sender_id*'s post *data_key*, of time *at* when given (None: none here)."""
 
     # -- operators ------------------------------------------------------------------------------
     @abc.abstractmethod
