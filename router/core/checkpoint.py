@@ -206,14 +206,20 @@ def admit_batch(job: FanOutJob, number: object, first: object, receivers: int, *
                            f"{SENT_COLLECTION}): a task made by hand, or sent by a publisher older than this worker")
 
 
-def announce_batch(jobs: Sequence[FanOutJob], number: int, *, timeout: float) -> Program[None]:
+def announce_batch(jobs: Sequence[FanOutJob], number: int, *, timeout: float) -> Program[list[FanOutJob]]:
     """Record that batch *number* of each of *jobs* (one cluster's) is sent, before its task is: the record
     :func:`admit_batch` asks for. One insert; a batch recorded before (a job published again) stays as it was.
 
-    Raises the cluster's :class:`ClusterError` when the record cannot be stored: send nothing then.
+    Returns the jobs whose batch is done by now, not to be sent: only a batch sent before (by an
+    earlier publishing, its task perhaps still queued or running) can be, and only for such a
+    batch does it read the batch records (one find), so a first publishing pays nothing for it.
+    A worker may still finish a batch between that read and its sending; the batch then comes
+    twice, and the second delivery writes nothing.
+
+    Raises the cluster's :class:`ClusterError` when the record cannot be stored or read: send nothing then.
     """
     if not jobs:
-        return
+        return []
     now = datetime.now(UTC)
     docs = [{"_id": _batch_id(j.job_id, number), "job": j.job_id, "n": number, "at": now} for j in jobs]
     outcome: InsertOutcome = yield Insert(jobs[0].cluster, SENT_COLLECTION, docs, deadline_in(timeout))
@@ -225,6 +231,16 @@ def announce_batch(jobs: Sequence[FanOutJob], number: int, *, timeout: float) ->
     if refused:
         raise RequestRefused(jobs[0].cluster, f"recording batch {number} as sent: refused (code {refused[0].code}): "
                                               f"{refused[0].message}", code=refused[0].code)
+    before = [jobs[e.index].job_id for e in outcome.write_errors]  # sent by an earlier publishing
+    if not before:
+        return []
+    found = yield Find(jobs[0].cluster, "fanout_batches",
+                       {"_id": {"$in": [_batch_id(j, number) for j in before]}, "state": "done"}, deadline_in(timeout),
+                       projection={"job": 1})
+    if isinstance(found, Failure):
+        raise found.error
+    done = {d.get("job") for d in found}
+    return [j for j in jobs if j.job_id in done]
 
 
 def _total(doc: Mapping[str, Any]) -> int | None:

@@ -1,8 +1,9 @@
 """Edits of what is stored: delete an item everywhere, change its data everywhere, drop a followee's copies.
 
 Each cluster's copies are edited by its period's layout (:mod:`router.core.layouts`), in
-bounded steps, so no single request grows with the number of copies; a post's outbox
-entries are edited in one request. Every request gets its own ``timeout``; a call that
+bounded steps (a delete tries them all at once first, for a quarter of ``timeout``), so no
+single request grows with the number of copies beyond what finishes in time; a post's
+outbox entries are edited in one request. Every request gets its own ``timeout``; a call that
 fails part-way is finished by calling it again. Clusters are edited concurrently; big
 jobs log their progress.
 
@@ -12,7 +13,9 @@ still running writes, reads the fence, and removes (or updates) what it just wro
 update that writes a copy anew (in ``buckets``, a copy that no longer fits its bucket
 moves to another) is such a writer too: it reads the fence and the erasure records after
 writing it (:func:`_landed`), so a delete, a newer update or an erasure that ran meanwhile
-reaches the copy in its new place.
+reaches the copy in its new place. A ``delete`` is two round trips per cluster, every
+cluster at once: the tombstones, then the copies (at once when that is quick), the outbox
+entry and the superseded records together.
 
 On MongoDB each step is an index scan. On FerretDB, which filters ranges after fetching
 every match, a step costs time in proportion to the matches left.
@@ -30,7 +33,7 @@ from typing import Any
 
 from ..errors import ClusterError, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
-from .fence import Parties, mark_deleted, mark_updated, settle
+from .fence import Parties, drop_superseded, mark_deleted, mark_updated, settle
 from .layouts import Copy, EditSettings, Layout, layout_for, outbox
 from .layouts.base import Landed
 from .live.push import PushEdit
@@ -81,14 +84,29 @@ def _everywhere(
 def delete_program(data_key: str, names: Sequence[str], settings: EditSettings, timemap: TimeMap | None = None) -> Program[int]:
     """Remove every copy of *data_key*, and its outbox entry, from every named cluster; return how many copies.
 
-    Each cluster gets the key's tombstone first, so no fan-out, backfill or publish brings
-    a copy back (:mod:`router.core.fence`). Raises :class:`DeleteFailed` (``deleted``, ``failed`` by cluster) when a cluster fails; run it again.
+    Two rounds, each sent to every cluster at once: the key's tombstone in each cluster's
+    fence, so no fan-out, backfill or publish brings a copy back (:mod:`router.core.fence`);
+    then, where the tombstone is stored, the copies (one request when they can go at once,
+    else in steps: :func:`~router.core.layouts.queries.in_steps`), the outbox entry and the
+    update records the tombstone supersedes, at the same time. So a cluster sees two round
+    trips one after the other. Raises :class:`DeleteFailed` (``deleted``, ``failed`` by
+    cluster) when a cluster fails; run it again.
     """
-    deleted, failed = yield from _everywhere(
-        names, timemap, lambda layout, cluster: layout.edit_key(cluster, data_key, None, settings, what=f"delete {data_key}"),
-        settings, post=(data_key, None),
-        fence=lambda cluster: mark_deleted(cluster, data_key, policy=settings.policy, timeout=settings.timeout),
-    )
+    policy, timeout, what = settings.policy, settings.timeout, f"delete {data_key}"
+    fenced = yield Concurrently([mark_deleted(n, data_key, policy=policy, timeout=timeout) for n in names], names)
+    errors: dict[str, ClusterError | None] = dict(zip(names, fenced))
+    ready = [n for n in names if errors[n] is None]
+    sweeps: list[Program[Any]] = []
+    for n in ready:
+        sweeps += [layout_for(timemap, n).edit_key(n, data_key, None, settings, what=what),
+                   _outbox(n, data_key, None, settings), drop_superseded(n, data_key, timeout=timeout)]
+    outcomes = yield Concurrently(sweeps, [n for n in ready for _ in range(3)])
+    deleted = 0
+    for i, n in enumerate(ready):
+        (count, error), outbox_error, _ = outcomes[3 * i:3 * i + 3]
+        deleted += count
+        errors[n] = error or outbox_error
+    failed = {n: error for n, error in errors.items() if error is not None}
     yield PushEdit([data_key])  # removed (where a cluster failed, at the call that finishes): live subscribers
     if failed:
         raise DeleteFailed(deleted, failed)

@@ -73,7 +73,8 @@ from .writes import insert_program
 
 __all__ = [
     "DELETED", "EDITS_COLLECTION", "ERASED", "ERASURES_COLLECTION", "Fence", "FenceMemo", "Fixer", "NEVER", "Parties",
-    "Settled", "forget", "mark_deleted", "mark_updated", "read_erasures", "read_fences", "refuse_deleted", "settle",
+    "Settled", "drop_superseded", "forget", "mark_deleted", "mark_updated", "read_erasures", "read_fences",
+    "refuse_deleted", "settle",
 ]
 
 log = logging.getLogger(__name__)
@@ -347,15 +348,25 @@ def _cluster_error(cluster: str, error: BaseException) -> ClusterError:
 
 
 def mark_deleted(cluster: str, data_key: str, *, policy: RetryPolicy, timeout: float) -> Program[ClusterError | None]:
-    """Leave *data_key*'s tombstone in *cluster* (before any copy is deleted); the error that stopped it, or None."""
-    deadline = deadline_in(timeout)
+    """Leave *data_key*'s tombstone in *cluster* (before any copy is deleted); the error that stopped it, or None.
+
+    The update records it supersedes are :func:`drop_superseded`'s, once it is stored.
+    """
     result = yield from insert_program(cluster, _RECORDS, [_record(data_key, DELETED, None)], policy=policy,
-                                       deadline=deadline, duplicates="present")
+                                       deadline=deadline_in(timeout), duplicates="present")
     if result.failed:
-        error = result.failed[0]
-        return _cluster_error(cluster, error)
-    yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": DELETED}}, deadline)  # superseded
+        return _cluster_error(cluster, result.failed[0])
     return None
+
+
+def drop_superseded(cluster: str, data_key: str, *, timeout: float) -> Program[None]:
+    """Remove *data_key*'s update records from *cluster*, once its tombstone is stored (never before: until then the
+    newest update is what a writer must apply). They decide nothing any more (the tombstone wins), but hold the
+    post's data; a failure leaves them to the next ``delete`` or the post's erasure."""
+    answer = yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": DELETED}}, deadline_in(timeout))
+    if isinstance(answer, Failure):
+        log.info("cluster %s: the edit records a tombstone supersedes were not removed: %s", cluster, answer.error,
+                 extra={"cluster": cluster})
 
 
 def mark_updated(

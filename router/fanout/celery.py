@@ -102,6 +102,7 @@ from .celery_plan import (
     check_json_data,
     inactive_job_id,
 )
+from .shutdown import sigterm_deferred
 
 if TYPE_CHECKING:
     from ..sync import FeedRouter
@@ -232,6 +233,11 @@ def make_app(
 
     def fan_out_batch(self: Any, job: dict[str, Any], number: int, first: int, receivers: list[Any],
                       skip: list[int] | None = None) -> dict[str, int]:
+        with sigterm_deferred(f"batch {number!r:.40}"):  # a prefork pool process finishes its batch (.shutdown)
+            return run_batch(self, job, number, first, receivers, skip)
+
+    def run_batch(self: Any, job: dict[str, Any], number: int, first: int, receivers: list[Any],
+                  skip: list[int] | None) -> dict[str, int]:
         clusters, settings = holder.get()
         try:
             again = bool((self.request.delivery_info or {}).get("redelivered"))
@@ -383,9 +389,11 @@ def publish_fan_out(
     batch as sent before sending it (workers admit no other,
     :func:`~router.core.checkpoint.announce_batch`), and records ``published`` with the
     number of batches at the end. Publishing the same job again
-    (same receivers, same order, same batch size) sends only the batches not recorded
-    done; batches still queued from the first time are then sent twice, which is harmless
-    (the second writes nothing) but wasted work. Receivers outside *active* get no copy, unless *include_inactive*: then their
+    (same receivers, same order, same batch size) sends exactly the batches not recorded
+    done when it reaches them: a batch a worker finishes while the job is published again
+    (a task still queued from the first time) is not sent again. One still queued and not
+    taken yet is missing as far as the checkpoint can tell, and is sent again: harmless (the
+    second writes nothing), but wasted work. Receivers outside *active* get no copy, unless *include_inactive*: then their
     copies go to a second job on the low-priority queue (see
     :mod:`router.fanout.celery_plan`). The author's outbox entry is
     :meth:`FeedRouter.publish`'s business, not this function's.
@@ -416,8 +424,8 @@ def publish_fan_out(
                     return next(planned, None)
                 if isinstance(step, Send):
                     number, first, parts = step.batch
-                    router.clusters.run(run.announce(number, parts))  # recorded as sent before it is
-                    for part in parts:
+                    # Recorded as sent before it is; a part a worker finished meanwhile is not sent again.
+                    for part in router.clusters.run(run.announce(number, parts)):
                         _send(app, payloads[1] if part.inactive else payloads[0], number, first, part, producer)
                         run.sent += 1
                 return None
@@ -443,7 +451,8 @@ def run_worker(
         run_worker(app_from_config(load_config("clusters.yaml")), concurrency=4)
 
     SIGTERM is a warm shutdown: tasks running finish and are acknowledged; tasks the
-    worker took but did not start go back to the broker. *hostname* may use Celery's
+    worker took but did not start go back to the broker. A prefork pool process that gets
+    SIGTERM too (sent to the whole group) finishes its batch first (:mod:`.shutdown`). *hostname* may use Celery's
     ``%h``/``%n``/``%d``. Logging stays as the caller set it up (no banner, no handler of
     Celery's). No gossip or mingle: batches need no coordination between workers. Each
     worker process makes its cluster clients at its first batch and closes them when it exits.

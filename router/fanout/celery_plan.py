@@ -243,10 +243,17 @@ class PublishRun:
         self.resumed += len(self.jobs) - len(parts)
         return (number, first, parts) if parts else SKIP
 
-    def announce(self, number: int, parts: Sequence[Part]) -> Program[None]:
-        """Record batch *number* of each part's job as sent, before it is (workers admit only those)."""
-        yield from announce_batch([self.jobs[1] if p.inactive else self.jobs[0] for p in parts], number,
-                                  timeout=self.timeout)
+    def announce(self, number: int, parts: Sequence[Part]) -> Program[list[Part]]:
+        """Record batch *number* of each part's job as sent, before it is (workers admit only those); return the parts
+        to send: those whose batch a worker did not finish since :meth:`open` read the checkpoints (a task still queued
+        from an earlier publishing), which count as resumed."""
+        done = yield from announce_batch([self._job(p) for p in parts], number, timeout=self.timeout)
+        send = [p for p in parts if self._job(p) not in done]
+        self.resumed += len(parts) - len(send)
+        return send
+
+    def _job(self, part: Part) -> FanOutJob:
+        return self.jobs[1] if part.inactive else self.jobs[0]
 
     def exhausted(self) -> None:
         """Every receiver was read."""

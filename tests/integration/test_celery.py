@@ -212,11 +212,12 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., list[WorkerProcess]]]:
     """Start ``feedrouter worker`` processes (ready when returned); at the end stop them and check none is left."""
     started: list[WorkerProcess] = []
 
-    def start(config: RouterConfig, url: str, *, count: int = 2, retries: int = 3, retry_backoff: float = 0.5) -> list[WorkerProcess]:
+    def start(config: RouterConfig, url: str, *, count: int = 2, retries: int = 3, retry_backoff: float = 0.5,
+              pool: str = "solo") -> list[WorkerProcess]:
         path = tmp_path / f"workers-{len(started)}.yaml"
         path.write_text(worker_yaml(config, broker=url, visibility_timeout=VISIBILITY, retries=retries, retry_backoff=retry_backoff))
-        new = [WorkerProcess(path, name=f"w{len(started) + i}", log_path=tmp_path / f"w{len(started) + i}.log")
-               for i in range(count)]
+        new = [WorkerProcess(path, name=f"w{len(started) + i}", log_path=tmp_path / f"w{len(started) + i}.log", pool=pool,
+                             concurrency=1 if pool != "solo" else None) for i in range(count)]
         started.extend(new)
         for worker in new:
             worker.start()
@@ -568,3 +569,69 @@ def test_a_batch_the_publisher_never_sent_is_refused_before_and_after_the_job_ex
     assert f"fan-out {job.job_id!r}: batch 1000000 refused, nothing written: job: has no checkpoint" in lines
     assert (f"fan-out {job.job_id!r}: batch 1000000 refused, nothing written: number: was never sent by the job's "
             "publisher") in lines, lines
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork", "threads"])
+def test_a_worker_stopped_while_its_batch_waits_on_a_paused_cluster_records_the_batch(
+    pool: str, publisher: tuple[RouterConfig, FeedRouter], make_config: Callable[..., RouterConfig],
+    workers: Callable[..., list[WorkerProcess]], broker_url: str, servers: LocalClusters, raw_clients: Clients,
+    db_name: str,
+) -> None:
+    """SIGTERM to the worker's whole process group (as systemd's default KillMode and ``kill -TERM -PGID`` send it)
+    while its batch waits on a paused cluster: once the cluster answers again, the batch in flight finishes, is
+    recorded done and acknowledged, and the worker exits 0, on every pool. (A prefork pool process used to die of the
+    signal mid-batch: its copies written, the batch not recorded, the task delivered again later.)"""
+    _, router = publisher
+    patient = make_config(timeout=timedelta(seconds=60), serverSelectionTimeoutMS=60_000)  # the pause outlasts nothing
+    app = make_app(broker_url)
+    published = publish_fan_out(router, app, activity(16), range(1000))  # one batch, queued: no worker yet
+    owner = servers.servers[1]
+    owner.pause()
+    try:
+        (worker,) = workers(patient, broker_url, count=1, pool=pool)
+        wait_for("the worker to take the batch", lambda: list(held_batches(broker_url).values()) == [0], timeout=60)
+        wait_for("the batch to begin", lambda: ": clients for clusters " in worker.log_text(), timeout=60)
+        worker.signal(signal.SIGTERM)  # the process group: with prefork, the pool process too
+        wait_for("the worker to begin its warm shutdown", lambda: "Warm shutdown" in worker.log_text(), timeout=60)
+    finally:
+        owner.resume()
+    assert worker.process is not None
+    code = worker.process.wait(timeout=120)
+    status = router.fan_out_status(published.job_id)
+    assert (code, status.state, status.batches_done, status.written) == (0, "done", 1, 1000), worker.log_text()[-3000:]
+    assert broker_idle(broker_url), "the batch was not acknowledged"
+    assert_one_copy_each(raw_clients, db_name, range(1000))
+
+
+def test_publishing_again_sends_exactly_the_batches_missing_when_it_reaches_them(
+    publisher: tuple[RouterConfig, FeedRouter], workers: Callable[..., list[WorkerProcess]], broker_url: str,
+    raw_clients: Clients, db_name: str,
+) -> None:
+    """A 5-batch job whose batches 0 and 1 are still queued and whose batches 2-4 were lost, published again while a
+    worker takes the queued two: the publisher read the checkpoint before they were done, yet sends only what is
+    still missing when it reaches each batch (2, 3 and 4), and no batch is written twice. (It used to send all 5, the
+    checkpoint as it stood when publishing began.)"""
+    config, router = publisher
+    app = make_app(broker_url)
+    published = publish_fan_out(router, app, activity(17), range(5000))  # queued: no worker yet
+    for number in (2, 3, 4):
+        drop_queued_batch(broker_url, number)
+    status = router.fan_out_status(published.job_id)
+    assert (status.batches_missing, status.missing_batches) == (5, (0, 1, 2, 3, 4))
+    started: list[WorkerProcess] = []
+
+    def receivers() -> Iterator[int]:
+        """The job's receivers, once a worker wrote the two batches still queued (the publisher has begun by then)."""
+        started.extend(workers(config, broker_url, count=1))
+        wait_for("batches 0 and 1 done", lambda: router.fan_out_status(published.job_id).batches_done == 2, timeout=60)
+        yield from range(5000)
+
+    again = publish_fan_out(router, app, activity(17), receivers())
+    assert (again.tasks_sent, again.batches_resumed) == (3, 2)
+    wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done", timeout=60)
+    wait_for("the broker idle", lambda: broker_idle(broker_url), timeout=60)
+    assert_one_copy_each(raw_clients, db_name, range(5000))
+    (worker,) = started
+    assert sorted(int(line.split(": batch ")[1].split(":")[0].split()[0]) for line in batch_lines(worker)) == [0, 1, 2, 3, 4]
+    status = router.fan_out_status(published.job_id)
+    assert (status.batches_done, status.written, status.already_present) == (5, 5000, 0)

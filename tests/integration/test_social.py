@@ -337,18 +337,19 @@ def test_update_and_delete_reach_every_copy_and_the_outbox(router: FeedRouter, r
     assert stored.count(raw_clients["cluster_2"][db_name]) == 10
 
 
-#: The commands test_small_edits_send_one_find_and_one_edit_per_cluster looks at.
+#: The commands test_small_edits_send_the_fence_and_one_edit_per_cluster looks at.
 EDITS = ("find", "delete", "update", "insert", "count", "aggregate")
 
 
 @pytest.mark.layouts("copies", reason="counts the commands of the copies layout's edits")
-def test_small_edits_send_one_find_and_one_edit_per_cluster(
+def test_small_edits_send_the_fence_and_one_edit_per_cluster(
     make_config: Callable[..., RouterConfig], open_router: Callable[..., Any], servers: LocalClusters,
     raw_clients: Clients, db_name: str, layout: str,
 ) -> None:
-    """Editing a post with fewer copies than one sample: per cluster, the edit fence's record (an update reads the
-    newest first; both remove the records they supersede), a find and an edit of the feed (no edit where the find
-    found nothing) and one edit of the outbox; the result checked with pymongo."""
+    """Editing a post with fewer copies than one sample, per cluster. An update: the edit fence's record (read the
+    newest, insert, remove the records it supersedes), a find and an edit of the feed (no edit where the find found
+    nothing) and one edit of the outbox. A delete: the tombstone, then the feed's copies (no sample), the outbox entry
+    and the superseded records at once, in any order. The result checked with pymongo."""
     commands = CommandLog()
     config = make_config()
     register(config, layout=layout)
@@ -356,16 +357,21 @@ def test_small_edits_send_one_find_and_one_edit_per_cluster(
     act = post(53, 1, P1 + timedelta(days=1))
     router.publish(act, range(300))
     port = {name: int(uri.rsplit(":", 1)[1].split("/")[0]) for name, uri in zip(NAMES, servers.uris)}
-    fences = {"update": [("find", "edits"), ("insert", "edits"), ("delete", "edits")],
-              "delete": [("insert", "edits"), ("delete", "edits")]}
-    for edit, verb in [(lambda: router.update(act.data_key, {"post": 9}), "update"), (lambda: router.delete(act.data_key), "delete")]:
-        commands.clear()
-        commands.on = True
-        assert edit() == 300
-        commands.on = False
-        for name in NAMES:
-            feed = [(verb, "feed")] if name == "cluster_2" else []
-            assert commands.sent(port[name], names=EDITS) == [*fences[verb], ("find", "feed"), *feed, (verb, "outbox")], name
+    commands.clear()
+    commands.on = True
+    assert router.update(act.data_key, {"post": 9}) == 300
+    commands.on = False
+    for name in NAMES:
+        feed = [("update", "feed")] if name == "cluster_2" else []
+        fence = [("find", "edits"), ("insert", "edits"), ("delete", "edits")]
+        assert commands.sent(port[name], names=EDITS) == [*fence, ("find", "feed"), *feed, ("update", "outbox")], name
+    commands.clear()
+    commands.on = True
+    assert router.delete(act.data_key) == 300
+    commands.on = False
+    for name in NAMES:
+        sent = commands.sent(port[name], names=EDITS)
+        assert sent[0] == ("insert", "edits") and sorted(sent[1:]) == [("delete", c) for c in ("edits", "feed", "outbox")], name
     assert stored.count(raw_clients["cluster_2"][db_name]) == 0
     assert outbox(raw_clients, db_name) == []
 

@@ -249,19 +249,51 @@ def test_announce_batch_records_each_part_once() -> None:
         program = announce_batch([JOB, side], 7, timeout=5)
         request = next(program)
         assert isinstance(request, Insert)
-        with pytest.raises(StopIteration):
+        with pytest.raises(StopIteration) as stop:
             program.send(outcome)
+        assert stop.value.value == []  # nothing done: send every part
         return request
 
     request = run(InsertOutcome())
     assert (request.cluster, request.collection) == ("c2", "fanout_sent")
     assert [(d["_id"], d["job"], d["n"]) for d in request.documents] == [("j#7", "j", 7), ("j/inactive#7", "j/inactive", 7)]
-    run(InsertOutcome(write_errors=(WriteError(0, 11000, "duplicate key"), WriteError(1, 11000, "duplicate key"))))
     with pytest.raises(RequestRefused, match="recording batch 7 as sent: refused"):
         run(InsertOutcome(write_errors=(WriteError(1, 121, "validation"),)))
     with pytest.raises(ClusterUnavailable, match="down"):
         run(InsertOutcome(failure=Failure("unavailable", ClusterUnavailable("c2", "down"))))
     assert list(announce_batch([], 7, timeout=5)) == []
+
+
+def test_announce_batch_tells_which_parts_sent_before_are_done_by_now() -> None:
+    """A job published again: parts recorded sent before (duplicates) are looked up in one find, and those a worker
+    finished since are not to be sent; a part sent for the first time costs no find."""
+    import attrs
+
+    from router import ClusterUnavailable
+    from router.core.checkpoint import announce_batch
+    from router.core.steps import Failure, Find, InsertOutcome, WriteError
+
+    side = attrs.evolve(JOB, job_id="j/inactive")
+    program = announce_batch([JOB, side], 7, timeout=5)
+    next(program)
+    find = program.send(InsertOutcome(write_errors=(WriteError(1, 11000, "duplicate key"),)))  # only side's was there
+    assert isinstance(find, Find) and (find.cluster, find.collection) == ("c2", "fanout_batches")
+    assert find.filter == {"_id": {"$in": ["j/inactive#7"]}, "state": "done"}
+    with pytest.raises(StopIteration) as stop:
+        program.send([{"_id": "j/inactive#7", "job": "j/inactive"}])
+    assert stop.value.value == [side]
+    program = announce_batch([JOB], 7, timeout=5)
+    next(program)
+    next_request = program.send(InsertOutcome(write_errors=(WriteError(0, 11000, "duplicate key"),)))
+    assert isinstance(next_request, Find)
+    with pytest.raises(StopIteration) as stop:
+        program.send([])  # sent before, not done yet (still queued, running, or lost): send it
+    assert stop.value.value == []
+    program = announce_batch([JOB], 7, timeout=5)
+    next(program)
+    program.send(InsertOutcome(write_errors=(WriteError(0, 11000, "duplicate key"),)))
+    with pytest.raises(ClusterUnavailable, match="down"):
+        program.send(Failure("unavailable", ClusterUnavailable("c2", "down")))
 
 
 def test_job_status_counts_only_the_jobs_batches() -> None:

@@ -98,3 +98,38 @@ def test_a_server_that_finishes_nothing_ends_the_call_after_its_splits() -> None
     (count, error), tried = drive(delete_all(), store, slow_over=0)
     assert count == 0 and error is not None and 1 < len(tried) <= 1 + SPLITS
     assert all(b < a for a, b in zip(tried, tried[1:]))  # each try smaller than the one before
+
+
+def delete_at_once() -> Program[Any]:
+    match, _ = key_edit(KEY, None)
+    return in_steps("c", "feed", match, SMALL, what="delete", at_once=True)
+
+
+def test_a_delete_at_once_that_finishes_is_one_request() -> None:
+    """``at_once`` (what ``delete`` asks): 6,000 copies, more than a sample or a step, go in one request when the
+    server finishes it in time: no sample, no steps."""
+    store = store_with(6_000)
+    (count, error), tried = drive(delete_at_once(), store, slow_over=None)
+    assert (count, error, left(store), tried) == (6_000, None, 0, [6_000])
+    assert [type(r) for r in store.sent] == [Delete]
+
+
+@pytest.mark.parametrize("kind", ["cancelled", "timeout", "too_large"])
+def test_a_delete_at_once_too_big_for_its_time_goes_on_in_steps(kind: str) -> None:
+    """A server that cannot remove more than 300 copies in time: the delete at once is stopped (or answered too late,
+    or refused as too large), then sampled steps remove every copy in the same call, each counted once."""
+    store = store_with(6_000)
+    (count, error), tried = drive(delete_at_once(), store, slow_over=300, kind=kind)
+    assert (count, error, left(store)) == (6_000, None, 0)
+    assert tried[0] == 6_000 and isinstance(store.sent[0], Find)  # (the store sees only the requests it answered)
+
+
+def test_a_delete_at_once_whose_cluster_fails_stops_there() -> None:
+    """A failure that is not about time or size ends the call with its error, nothing counted."""
+    store = store_with(100)
+    program = delete_at_once()
+    request = next(program)
+    assert isinstance(request, Delete) and request.filter == {"data_key": KEY}
+    with pytest.raises(StopIteration) as stop:
+        program.send(Failure("unavailable", ClusterUnavailable("c", "connection refused")))
+    assert stop.value.value[0] == 0 and isinstance(stop.value.value[1], ClusterUnavailable) and left(store) == 100

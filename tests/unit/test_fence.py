@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 from bson.int64 import Int64
@@ -14,7 +15,8 @@ from router.core.fanout import FanOutJob, batch_program
 from router.core.checkpoint import fenced_status, start_job
 from router.core.fence import DELETED, NEVER, Fence, FenceMemo, fence_of
 from router.core.policy import RetryPolicy
-from router.core.steps import Find, Insert
+from router.core.live.push import Push
+from router.core.steps import Concurrently, Find, Insert
 from router.core.runs import STOP
 from router.core.tally import RunState
 from router.testing.scripted import ScriptedStore, run_alone
@@ -126,3 +128,67 @@ def test_a_run_that_meets_the_tombstone_stops_and_says_so() -> None:
         run_alone(state.finish(opened=True), store)
     result = raised.value.result
     assert result.cancelled and result.reason == "deleted" and not result.complete and result.written == 0
+
+
+def waves(program: Any, store: ScriptedStore) -> tuple[Any, list[list[tuple[str, str, str]]]]:
+    """Run *program* with every concurrent sub-program in lock step: wave *i* holds each ``(cluster, request type,
+    collection)`` sent at the *i*-th round trip, so the number of waves is the longest chain of requests."""
+    def advance(gen: Any, reply: Any) -> list[tuple[Any, Any]]:
+        """The pending leaves under *gen* after sending it *reply*: ``(generator, request)`` pairs."""
+        try:
+            request = gen.send(reply)
+            while isinstance(request, Push):  # a live push is answered at once, as a driver does: no round trip
+                request = gen.send(None)
+        except StopIteration as stop:
+            finished[id(gen)] = stop.value
+            return []
+        if isinstance(request, Concurrently):
+            children = [iter(p) for p in request.programs]
+            parents[id(gen)] = (gen, children)
+            for child in children:
+                owner[id(child)] = gen
+            return [leaf for child in children for leaf in advance(child, None)]
+        return [(gen, request)]
+
+    def settle(gen: Any) -> list[tuple[Any, Any]]:
+        """Resume the parents whose children have all ended."""
+        parent = owner.get(id(gen))
+        if parent is None or not all(id(c) in finished for c in parents[id(parent)][1]):
+            return []
+        results = [finished[id(c)] for c in parents.pop(id(parent))[1]]
+        return advance(parent, results) or settle(parent)
+
+    finished: dict[int, Any] = {}
+    parents: dict[int, tuple[Any, list[Any]]] = {}
+    owner: dict[int, Any] = {}
+    top = iter(program)
+    pending = advance(top, None)
+    out: list[list[tuple[str, str, str]]] = []
+    while pending:
+        out.append(sorted((r.cluster, type(r).__name__, r.collection) for _, r in pending))
+        nxt: list[tuple[Any, Any]] = []
+        for gen, request in pending:
+            leaves = advance(gen, store.answer(request))
+            nxt += leaves if leaves or id(gen) not in finished else settle(gen)
+        pending = nxt
+    return finished[id(top)], out
+
+
+def test_a_delete_is_two_round_trips_per_cluster() -> None:
+    """``delete`` over three clusters: the tombstones first, all at once; then in each cluster the copies (one request,
+    no sample), the outbox entry and the superseded update records, all at once. Exact count, nothing left."""
+    store = ScriptedStore()
+    for cluster in ("c1", "c2", "c3"):
+        job = FanOutJob(job_id=f"j-{cluster}", cluster=cluster, activity=ACT, batch_size=500)
+        run_alone(batch_program(job, 0, 0, list(range(500)), policy=POLICY, timeout=30.0), store)
+        store.docs(cluster, "outbox")["o"] = {"_id": "o", "data_key": KEY}
+    run_alone(update_program(KEY, {"v": 2}, ["c1", "c2", "c3"], EditSettings()), store)
+    deleted, rounds = waves(delete_program(KEY, ["c1", "c2", "c3"], EditSettings()), store)
+    assert deleted == 1500
+    assert rounds == [
+        [(c, "Insert", "edits") for c in ("c1", "c2", "c3")],
+        [(c, "Delete", collection) for c in ("c1", "c2", "c3") for collection in ("edits", "feed", "outbox")],
+    ]
+    for cluster in ("c1", "c2", "c3"):
+        assert store.find(cluster, "feed", {}) == [] and store.find(cluster, "outbox", {}) == []
+        assert [r["seq"] for r in store.find(cluster, "edits", {})] == [DELETED]

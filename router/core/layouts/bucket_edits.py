@@ -83,10 +83,12 @@ _ByCharge = Callable[[Any], tuple[dict[str, Any], dict[str, Any]]]
 
 
 def _by_charge(cluster: str, data_key: str, elem: Mapping[str, Any], field: str, edit: _ByCharge, steps: EditSettings,
-               *, what: str, array_filters: Sequence[Mapping[str, Any]] | None = None) -> Program[Edited]:
+               *, what: str, array_filters: Sequence[Mapping[str, Any]] | None = None, at_once: bool = False,
+               ) -> Program[Edited]:
     """Edit the buckets whose element of *data_key* matches *elem*, one value of its *field* (``n`` or ``d``; None
-    where a copy stored before charges has none) at a time, in steps: a find of one bucket learns a value not edited
-    yet, *edit* says what to do with it. Returns the buckets changed, and the error that stopped it."""
+    where a copy stored before charges has none) at a time, in steps (*at_once*: in one request first, see
+    :func:`~.queries.in_steps`): a find of one bucket learns a value not edited yet, *edit* says what to do with it.
+    Returns the buckets changed, and the error that stopped it."""
     done, seen = 0, list[Any]()
     while True:
         docs = yield Find(cluster, "feed", {"items": {"$elemMatch": {**elem, field: {"$nin": seen}}}},
@@ -99,7 +101,7 @@ def _by_charge(cluster: str, data_key: str, elem: Mapping[str, Any], field: str,
         seen.append(element.get(field))
         match, update = edit(seen[-1])
         changed, error = yield from in_steps(cluster, "feed", match, steps, update=update, array_filters=array_filters,
-                                             what=what)
+                                             what=what, at_once=at_once)
         done += changed
         if error is not None:
             return done, error
@@ -111,7 +113,7 @@ def delete_key(cluster: str, data_key: str, steps: EditSettings, *, what: str) -
         cluster, data_key, {"data_key": data_key}, CHARGE,
         lambda n: ({"items": {"$elemMatch": {"data_key": data_key, CHARGE: n}}},
                    {"$pull": {"items": {"data_key": data_key}}, "$inc": {"count": -1, "bytes": -(n or 0)}}),
-        steps, what=what))
+        steps, what=what, at_once=True))
 
 
 def update_key(cluster: str, data_key: str, data: Mapping[str, Any], steps: EditSettings, *, what: str,

@@ -109,7 +109,7 @@ class Copies(Layout):
     def edit_key(self, cluster: str, data_key: str, data: Mapping[str, Any] | None, steps: EditSettings, *,
                  what: str, landed: Landed | None = None) -> Program[Edited]:
         match, update = key_edit(data_key, data)  # (in place: a copy is a document of its own, never written anew)
-        return (yield from in_steps(cluster, "feed", match, steps, update=update, what=what))
+        return (yield from in_steps(cluster, "feed", match, steps, update=update, what=what, at_once=data is None))
 
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
         # The page index's receiver_id prefix serves this query (see migrations/0002).

@@ -5,12 +5,14 @@ never import each other. A helper here may name a stored field that several layo
 alike (``event_time``, ``data_key``, ``data``); what only one layout stores stays in it.
 
 **Edits in steps** (:func:`in_steps`). No single request grows with the number of copies
-(a fan-out to millions): a step edits the matching documents up to an ``_id`` pivot,
-chosen from a sample of matching ids (one cheap, unsorted ``find``) so that a step edits
-about ``step`` documents. The share adapts from step to step to what was actually edited,
-so it suits random ids (fan-out copies) and sequential ones alike. A step the server
-refuses as too large (FerretDB's statement parameter limits: 32,766 on SQLite, 65,535 on
-PostgreSQL), or that runs out of ``timeout``, is tried again at a quarter of the size. On
+(a fan-out to millions) beyond what finishes in time: a step edits the matching documents
+up to an ``_id`` pivot, chosen from a sample of matching ids (one cheap, unsorted ``find``)
+so that a step edits about ``step`` documents. The share adapts from step to step to what
+was actually edited, so it suits random ids (fan-out copies) and sequential ones alike. A
+step the server refuses as too large (FerretDB's statement parameter limits: 32,766 on
+SQLite, 65,535 on PostgreSQL), or that runs out of ``timeout``, is tried again at a quarter
+of the size. A ``delete`` first tries every match in one request, given a quarter of
+``timeout``, and samples only when that does not finish: most deletes are one request. On
 MongoDB and FerretDB 2 each step is an index range; on FerretDB 1, which filters ranges
 after fetching every match, a step costs time in proportion to the matches left (and
 FerretDB 1 finishes a statement whose client gave up, so further calls find that work done).
@@ -36,7 +38,7 @@ from ..policy import deadline_in
 from ..steps import Collection, Delete, Failure, Find, Program, Request, Update, UpdateOutcome
 from .base import EditSettings, Edited
 
-__all__ = ["DIGEST", "IDS_PER_STATEMENT", "PAGE_SORT", "chunks", "digest", "fix_requests", "in_steps", "key_edit", "newer_than", "older_than",
+__all__ = ["DIGEST", "IDS_PER_STATEMENT", "QUICK_SHARE", "PAGE_SORT", "chunks", "digest", "fix_requests", "in_steps", "key_edit", "newer_than", "older_than",
            "outside_clause"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,9 @@ IDS_PER_STATEMENT = 10_000
 PROGRESS_EVERY = 10
 #: Times in a row a step that ran out of time is split in four and tried again, before the call gives up.
 SPLITS = 3
+#: The share of ``timeout`` a quick step takes: steps grow back after one, and an edit tried at once
+#: (:func:`in_steps`' *at_once*) gets this much.
+QUICK_SHARE = 0.25
 #: The field an updated copy (or outbox entry) carries beside its ``data``: :func:`digest` of that data.
 DIGEST = "data_digest"
 #: What one statement may hold: MongoDB's 16 MiB document limit, less room for a key and the operators.
@@ -87,6 +92,7 @@ def newer_than(position: Position | None, id_field: str = "_id") -> dict[str, An
 def in_steps(
     cluster: str, collection: Collection, match: Mapping[str, Any], settings: EditSettings, *,
     update: Mapping[str, Any] | None = None, array_filters: Sequence[Mapping[str, Any]] | None = None, what: str,
+    at_once: bool = False,
 ) -> Program[Edited]:
     """Delete (or, with *update*, update) every document matching *match*, about ``step`` at a time.
 
@@ -95,6 +101,14 @@ def in_steps(
     how many were changed, and the error that stopped it. When the first sample holds
     every match, that is one ``find`` and one edit; a copy written after the edit is a race
     every edit has, and calling it again removes it.
+
+    **At once first** (*at_once*, what ``delete`` asks): one edit of every match, with no
+    sample, given :data:`QUICK_SHARE` of ``timeout``; only when the server stops it at
+    that limit, it is answered too late, or refused as too large, do the sample and the
+    steps below follow. So an edit that fits in one step costs one request; a bigger one
+    costs that share of ``timeout`` more (FerretDB 2 rolls a stopped statement back whole:
+    nothing is counted twice or lost; MongoDB keeps what a stopped statement removed, so
+    there the count misses those documents).
 
     **Steps that run out of time are split.** A step the server stops at its time limit
     (``cancelled``: the request's ``timeout``, sent as ``maxTimeMS``) or whose answer did not
@@ -109,6 +123,16 @@ def in_steps(
     behind it, and the call ends after its splits, the next call finding that work done.
     """
     done = steps = splits = 0
+    if at_once:
+        deadline = deadline_in(settings.timeout * QUICK_SHARE)
+        first = yield (Delete(cluster, collection, match, deadline) if update is None
+                       else Update(cluster, collection, match, update, deadline, array_filters=array_filters))
+        if not isinstance(first, Failure):
+            return (first.modified if isinstance(first, UpdateOutcome) else first), None
+        if first.kind not in ("cancelled", "timeout", "too_large"):
+            return 0, first.error
+        log.info("cluster %s: %s: not done at once within %.1f s; in steps instead", cluster, what,
+                 settings.timeout * QUICK_SHARE)
     size = settings.sample
     left: float = 10.0 * size  # matching documents left: a guess, then what each step suggests
     per_step = float(settings.step)  # documents a step should edit: less after a step the server stopped
@@ -134,7 +158,10 @@ def in_steps(
             answer = yield Update(cluster, collection, target, update, deadline, array_filters=array_filters)
         if isinstance(answer, Failure):
             if answer.kind == "too_large" and position > 1:
-                left = max(left, 1.0) * 4 * max(1.0, len(ids) / position)  # the range held far more: narrow it
+                if whole:  # a quarter of the matches the sample holds
+                    per_step = max(1.0, position / 4)
+                else:  # the range held far more: narrow it
+                    left = max(left, 1.0) * 4 * max(1.0, len(ids) / position)
                 continue
             if answer.kind in ("cancelled", "timeout") and position > 1 and splits < SPLITS:
                 splits += 1
@@ -152,7 +179,7 @@ def in_steps(
             return done, None
         if edited and not whole:  # the sample's share of the range, scaled to what the range really held
             left = max(edited * len(ids) / position - edited, 0.0)
-        if took < settings.timeout / 4:  # grow back after a split, while steps stay quick
+        if took < settings.timeout * QUICK_SHARE:  # grow back after a split, while steps stay quick
             per_step = min(float(settings.step), per_step * 2)
         if steps % PROGRESS_EVERY == 0:
             log.info("cluster %s: %s: %d documents so far, about %d left, %d steps", cluster, what, done, left, steps)
