@@ -137,13 +137,13 @@ def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *, a
 def bench_cpu(n: int, reps: int) -> Result:
     """Routing + _id + data_key + document building, no I/O, vs bson.encode of the same documents (CPU time)."""
     from router.core.layouts.copies import Copies
-    from router.core.routing import Routing
-    from router.core.writes import prepare, prepare_documents
+    from router.core.periods.routing import Routing
+    from router.core.writes.insert import prepare, prepare_documents
     from router.timemap import TimeMap
 
     metas = [ClusterMeta(name=NAMES[0], start_date=P0, end_date=P1), ClusterMeta(name=NAMES[1], start_date=P1, end_date=P2),
              ClusterMeta(name=NAMES[2], start_date=P2)]
-    routing = Routing(TimeMap(metas), NOW)  # the write path only (router.core.writes.prepare): no connections needed
+    routing = Routing(TimeMap(metas), NOW)  # the write path only (router.core.writes.insert.prepare): no connections needed
     step = (NOW - P0) / n
     times = [P0 + step * i for i in range(n)]
 

@@ -6,13 +6,13 @@ imports a database client: ``bson`` values only.
 
 * :mod:`~router.core.steps`: the requests and answers between core and drivers;
 * :mod:`~router.core.policy`: error codes, retry policy, deadlines;
-* :mod:`~router.core.routing`: the chooser and the horizon rule;
-* :mod:`~router.core.checks`: the input rules;
+* :mod:`~router.core.periods.routing`: the chooser and the horizon rule;
+* :mod:`~router.core.writes.checks`: the input rules;
 * :mod:`~router.core.layouts`: the stored shape of copies, per period (copies, buckets), and the outbox;
-* :mod:`~router.core.fence`: the edit fence that running fan-outs read;
-* :mod:`~router.core.checkpoint`, :mod:`~router.core.tally`: fan-out checkpoints and results;
-* :mod:`~router.core.writes`, :mod:`~router.core.reads`, :mod:`~router.core.edits`,
-  :mod:`~router.core.fanout`, :mod:`~router.core.metadata`, :mod:`~router.core.social`,
-  :mod:`~router.core.seen`: the operations;
+* :mod:`~router.core.writes.fence`: the edit fence that running fan-outs read;
+* :mod:`~router.core.fanout.checkpoint`, :mod:`~router.core.fanout.tally`: fan-out checkpoints and results;
+* :mod:`~router.core.writes.insert`, :mod:`~router.core.reads.pages`, :mod:`~router.core.writes.edits`,
+  :mod:`~router.core.fanout.plan`, :mod:`~router.core.periods.metadata`, :mod:`~router.core.social.publish`,
+  :mod:`~router.core.notify.seen`: the operations;
 * :mod:`~router.core.calls`: the public operations' argument checks, one function each.
 """

@@ -20,7 +20,7 @@ import pytest
 from pymongo import MongoClient
 
 from router import Activity, DeleteFailed, RouterConfig, UpdateFailed, data_key
-from router.core.checks import MAX_DATA_BYTES
+from router.core.writes.checks import MAX_DATA_BYTES
 from harness.localservers import LocalClusters
 
 from .conftest import NOW, P0, P1, register

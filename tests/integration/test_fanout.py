@@ -34,7 +34,7 @@ from router import (
     RouterConfig,
     data_key,
 )
-from router.core.fanout import FANOUTS_COLLECTION
+from router.core.fanout.plan import FANOUTS_COLLECTION
 from router.ids import copy_id
 from harness.localservers import LocalClusters
 

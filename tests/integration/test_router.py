@@ -26,7 +26,7 @@ from router import (
 )
 from router.core.policy import RetryPolicy, deadline_in
 from router.core.layouts import LAYOUTS, Copy, CopyList
-from router.core.writes import insert_program
+from router.core.writes.insert import insert_program
 from router.cursor import CursorState, Position, encode_state
 
 from . import stored as stored_copies

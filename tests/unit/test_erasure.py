@@ -18,8 +18,8 @@ from bson import Decimal128, ObjectId
 from bson.int64 import Int64
 
 from router import Activity, ConfigError, FeedItem, InvalidItem, parse_config
-from router.core.erasure import ErasureRecord, ErasureStatus
-from router.core.export import ExportSummary
+from router.core.privacy.erasure import ErasureRecord, ErasureStatus
+from router.core.privacy.export import ExportSummary
 from router.core.layouts import posts
 from router.core.layouts.buckets import first_bucket
 from router.core.pseudonyms import DEFAULT_KEY, Pseudonyms
@@ -190,7 +190,7 @@ def test_copies_of_a_page_are_removed_a_few_posts_at_a_time() -> None:
     order; after the first group (8 posts), a group of big posts holds one post, and the small ones are taken in groups that double
     up to the page, so the page costs 22 groups, not 500 (one statement over all 500 keys gathered every copy's index
     entry per step, which ran out of time on DocumentDB)."""
-    from router.core.erasure import _copies_of
+    from router.core.privacy.erasure import _copies_of
     from router.core.layouts import EditSettings
 
     keys = [f"k{n:03}" for n in range(500)]

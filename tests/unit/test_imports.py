@@ -48,7 +48,7 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
             else:
                 target = node.module or ""
             yield target
-            for alias in node.names:  # `from . import seen` imports the module router.core.seen
+            for alias in node.names:  # `from . import seen` imports the module router.core.notify.seen
                 if f"{target}.{alias.name}" in MODULES:
                     yield f"{target}.{alias.name}"
 

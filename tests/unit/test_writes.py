@@ -8,9 +8,9 @@ from bson import ObjectId
 
 from router import ClusterMeta, ClusterUnavailable, FeedItem, ItemRefused
 from router.core.policy import RetryPolicy, deadline_in
-from router.core.routing import Routing
+from router.core.periods.routing import Routing
 from router.core.steps import Insert, InsertOutcome, WriteError
-from router.core.writes import InsertResult, insert_program, prepare_documents
+from router.core.writes.insert import InsertResult, insert_program, prepare_documents
 from router.core.layouts import LAYOUTS, Copy, CopyList
 from router.timemap import TimeMap
 

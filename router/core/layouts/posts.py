@@ -1,7 +1,7 @@
 """The posts registry: which posts each sender stored in a period, one small document per sender and write.
 
 An erasure must find every copy a user sent, in every receiver's feed, in every period
-(:mod:`router.core.erasure`). The page index starts with the receiver and the edit index
+(:mod:`router.core.privacy.erasure`). The page index starts with the receiver and the edit index
 with the ``data_key``; an index on the sender would find them too, at a cost on every copy
 written (measured: fan-out at 0.76-0.91 of its rate without it, ``write_many`` at
 0.40-0.90, on FerretDB 2). The registry costs one small insert per sender and write
@@ -17,7 +17,7 @@ written at (its first item's). A sender's documents are found by the registry's
 (:func:`page`), then their copies by the copies' own ``data_key`` index. Its writers:
 
 * ``write``/``write_many``: one document per sender in each cluster share, sent at the
-  same time as its copies (:func:`of_items`, :func:`router.core.writes.write_program`),
+  same time as its copies (:func:`of_items`, :func:`router.core.writes.insert.write_program`),
   under an id drawn fresh for it: an insert that never meets a duplicate (a send the
   insert loop makes again of the same documents is the only one that can, and such a
   duplicate is that document). An item whose post could not be registered is reported
@@ -26,8 +26,8 @@ written at (its first item's). A sender's documents are found by the registry's
   document, an upsert of a document by an id derived from its posts 184 µs (and 46 µs when
   it was there already), and a duplicate answered to an insert cost the client 7.1 µs a
   document to build the error; a fresh id costs neither;
-* a fan-out job, once per run, before its first batch (:func:`router.core.checkpoint.start_job`);
-* ``publish``, with the outbox entry (:func:`router.core.social.store_outbox`).
+* a fan-out job, once per run, before its first batch (:func:`router.core.fanout.checkpoint.start_job`);
+* ``publish``, with the outbox entry (:func:`router.core.social.publish.store_outbox`).
   These two register one post alone, under an id derived from the post
   (:attr:`Registered.id`): a job run again, or two runs at once, register it once.
 

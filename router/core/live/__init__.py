@@ -2,8 +2,8 @@
 
 Owns the protocol between writers and subscribers and the rules both ends follow:
 
-* :mod:`~router.core.live.push`: the push requests every writer's program yields once its
-  write is stored (:class:`~router.core.live.push.Push`, answered by the driver, never failing
+* :mod:`~router.core.push`: the push requests every writer's program yields once its
+  write is stored (:class:`~router.core.push.Push`, answered by the driver, never failing
   the write), the presence members and channels they address, and the messages on the wire;
 * :mod:`~router.core.live.stream`: the events a subscriber receives, the gap-free protocol
   (subscribe first, then catch up from storage from the given cursor, then drop by id what

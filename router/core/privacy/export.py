@@ -10,8 +10,8 @@ writes it to a file), three streams:
   entry, or else from one of its copies of the post's time.
 * ``received``: the items of the user's own feed, oldest first (:meth:`Layout.oldest_first`),
   as the :class:`~router.model.FeedItem` values a page serves.
-* ``seen``: the user's seen markers (:class:`~router.core.seen.Marker`).
-* ``read``: the user's read marks of notification groups (:class:`~router.core.seen.ReadMark`).
+* ``seen``: the user's seen markers (:class:`~router.core.notify.seen.Marker`).
+* ``read``: the user's read marks of notification groups (:class:`~router.core.notify.seen.ReadMark`).
 
 Only values cross here: the layouts and :mod:`.seen` read the stored documents, and the
 sink turns each value into a record. Memory stays bounded: each stream is read a page of
@@ -32,13 +32,13 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..cursor import Position
-from ..model import Activity, to_millis
-from ..timemap import TimeMap
-from . import seen
-from .layouts import Layout, layout_for, outbox, posts
-from .policy import deadline_in
-from .steps import Concurrently, Failure, Program
+from ...cursor import Position
+from ...model import Activity, to_millis
+from ...timemap import TimeMap
+from ..notify import seen
+from ..layouts import Layout, layout_for, outbox, posts
+from ..policy import deadline_in
+from ..steps import Concurrently, Failure, Program
 
 __all__ = ["PAGE", "STREAMS", "ExportPlan", "ExportProgress", "ExportSummary", "Sink", "export_program"]
 
@@ -51,7 +51,7 @@ PAGE = 500
 class Sink(Protocol):
     """Where an export's records go, one at a time, in order (the door writes them to files): each a value of the
     router's API (an :class:`~router.model.Activity` sent, a :class:`~router.model.FeedItem` received, a
-    :class:`~router.core.seen.Marker`, a :class:`~router.core.seen.ReadMark`) and the period it was read from."""
+    :class:`~router.core.notify.seen.Marker`, a :class:`~router.core.notify.seen.ReadMark`) and the period it was read from."""
 
     def write(self, stream: str, value: Any, period: str) -> None: ...
 

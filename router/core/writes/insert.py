@@ -1,7 +1,7 @@
 """Writes: check, route and build every item, then insert each cluster's share, retrying what may be retried.
 
 :func:`prepare` is the router's per-item hot path (about 1.7 µs an item): check the item,
-ask the chooser (:meth:`~router.core.routing.Routing.locate`) for its cluster, make its
+ask the chooser (:meth:`~router.core.periods.routing.Routing.locate`) for its cluster, make its
 ``_id``; each cluster's layout then builds its share's documents in one comprehension. :func:`insert_program` is the one insert-and-retry loop of
 the router: ``write_many``, fan-out batches, ``publish`` and backfill all use it, and it
 reports every document's outcome, so callers never interpret driver errors.
@@ -32,18 +32,18 @@ from typing import Any, Literal, TypeVar
 import attrs
 from bson import ObjectId
 
-from ..config import WRITE_BATCH_SIZE
-from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
-from ..ids import make_ids
-from ..model import FeedItem
-from ..observe import Event
+from ...config import WRITE_BATCH_SIZE
+from ...errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
+from ...ids import make_ids
+from ...model import FeedItem
+from ...observe import Event
 from .checks import check_item
-from .layouts import ItemBatch, Layout, Writer, layout_for, posts
-from .live.push import PushItems
-from .nogc import cyclic_gc_paused
-from .policy import RetryPolicy, code_kind, deadline_in
-from .routing import PastHorizon, Routing, routed
-from .steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
+from ..layouts import ItemBatch, Layout, Writer, layout_for, posts
+from ..push import PushItems
+from ..nogc import cyclic_gc_paused
+from ..policy import RetryPolicy, code_kind, deadline_in
+from ..periods.routing import PastHorizon, Routing, routed
+from ..steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
 
 __all__ = ["Built", "InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_documents",
            "prepare_or_stale", "write_program"]

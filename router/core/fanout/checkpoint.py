@@ -42,16 +42,16 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import ClusterError, ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RequestRefused, RouterError
-from ..model import to_millis
-from .layouts import posts
-from .fence import Fence, refuse_deleted
+from ...errors import ClusterError, ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RequestRefused, RouterError
+from ...model import to_millis
+from ..layouts import posts
+from ..writes.fence import Fence, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
-from .layouts.queries import outside_clause
-from .policy import DUPLICATE_KEY, RetryPolicy, deadline_in
-from .pseudonyms import Pseudonyms
-from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
-from .writes import insert_program
+from ..layouts.queries import outside_clause
+from ..policy import DUPLICATE_KEY, RetryPolicy, deadline_in
+from ..pseudonyms import Pseudonyms
+from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
+from ..writes.insert import insert_program
 
 
 __all__ = [
@@ -72,7 +72,7 @@ def start_job(
     an erased sender's, then open the job's checkpoint: the batches done, and the fence to write under.
 
     The registry entry is written before the fence is read, as every writer's documents
-    are (:mod:`router.core.fence`): an erasure that began before the read refuses the job
+    are (:mod:`router.core.writes.fence`): an erasure that began before the read refuses the job
     here, one that began after it finds the post by its entry. A refused post's entry is
     removed again. Raises :class:`~router.errors.SenderErased`, :class:`ItemDeleted`, or the
     cluster's error.

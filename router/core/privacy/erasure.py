@@ -7,7 +7,7 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    ``{_id: request_id, user: <pseudonym>, requested_by, requested_at, clusters, state:
    "running"}``. The record holds the user's pseudonym (:mod:`router.core.pseudonyms`), never
    the id. Every writer of copies reads these records after writing
-   (:mod:`router.core.fence`), so a fan-out batch, Celery task, backfill or publish still
+   (:mod:`router.core.writes.fence`), so a fan-out batch, Celery task, backfill or publish still
    running removes what it writes for the user, and later ones of the user's posts are
    refused (:class:`~router.errors.SenderErased`): only inserts decide, as for the edit fence.
 2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts (a page
@@ -53,16 +53,18 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
-from ..timemap import TimeMap
-from . import checkpoint, fence, seen
-from .fence import ERASURES_COLLECTION
-from .layouts import EditSettings, Writer, layout_for, outbox, posts
-from .live.push import PushEdit
-from .policy import deadline_in
-from .pseudonyms import Pseudonyms
-from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
-from .writes import insert_program
+from ...errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
+from ...timemap import TimeMap
+from ..fanout import checkpoint
+from ..writes import fence
+from ..notify import seen
+from ..writes.fence import ERASURES_COLLECTION
+from ..layouts import EditSettings, Writer, layout_for, outbox, posts
+from ..push import PushEdit
+from ..policy import deadline_in
+from ..pseudonyms import Pseudonyms
+from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
+from ..writes.insert import insert_program
 
 __all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureProgress", "ErasureRecord", "ErasureResult",
            "ErasureStatus", "erase_program", "status_program", "unsettled"]

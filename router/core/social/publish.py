@@ -15,7 +15,7 @@
   uses, so racing a live fan-out, or running twice, leaves one copy each. It rebuilds a
   dormant user's inbox and backs ``follow``.
 
-Both read the edit fence after writing (:func:`~router.core.fence.settle`): an outbox
+Both read the edit fence after writing (:func:`~router.core.writes.fence.settle`): an outbox
 entry or a copy of a post deleted meanwhile is removed again (``publish`` then raises
 :class:`~router.errors.ItemDeleted`), one of a post updated meanwhile gets the new data.
 """
@@ -30,21 +30,21 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import InvalidItem, ItemDeleted, SenderErased
-from ..ids import copy_ids, outbox_id
-from ..model import to_utc
-from ..timemap import ReadWindow, TimeMap
-from ..model import Activity
-from .fanout import FanOutJob, plan_job
-from .fence import Parties, settle
-from .layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
-from .live.push import PushItems, PushPost, cleanups
-from .policy import RetryPolicy, deadline_in
-from .pseudonyms import Pseudonyms
-from .routing import Routing
-from .steps import Concurrently, Failure, Program
-from .tally import FanOutResult
-from .writes import insert_program
+from ...errors import InvalidItem, ItemDeleted, SenderErased
+from ...ids import copy_ids, outbox_id
+from ...model import to_utc
+from ...timemap import ReadWindow, TimeMap
+from ...model import Activity
+from ..fanout.plan import FanOutJob, plan_job
+from ..writes.fence import Parties, settle
+from ..layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
+from ..push import PushItems, PushPost, cleanups
+from ..policy import RetryPolicy, deadline_in
+from ..pseudonyms import Pseudonyms
+from ..periods.routing import Routing
+from ..steps import Concurrently, Failure, Program
+from ..fanout.tally import FanOutResult
+from ..writes.insert import insert_program
 
 __all__ = ["BackfillResult", "PublishResult", "Publishing", "backfill_program", "choose_path", "publish_program",
            "store_outbox"]
