@@ -17,13 +17,13 @@ import logging
 
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
-from .core.fanout.checkpoint import JobStatus
-from .core.privacy.erasure import ErasureProgress, ErasureResult, ErasureStatus
-from .core.privacy.export import ExportProgress
-from .core.notify.groups import Group, GroupBy, GroupPage, UnseenGroups
-from .core.notify.seen import Unseen
-from .core.social.publish import BackfillResult, PublishResult
-from .core.fanout.tally import FanOutProgress, FanOutResult
+from .core.fanout import JobStatus
+from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus
+from .core.privacy import ExportProgress
+from .core.notify import Group, GroupBy, GroupPage, UnseenGroups
+from .core.notify import Unseen
+from .core.social import BackfillResult, PublishResult
+from .core.fanout import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
     ClusterError,

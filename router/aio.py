@@ -28,17 +28,17 @@ from bson import ObjectId
 from .aio_base import first
 from .config import RouterConfig, load_config
 from .core import calls
-from .core.fanout.checkpoint import JobStatus
-from .core.privacy.erasure import ErasureProgress, ErasureResult, ErasureStatus
-from .core.privacy.export import ExportProgress
-from .core.fanout.plan import FanOutJob
-from .core.periods.routing import Routing
-from .core.notify.groups import Group, GroupBy, GroupPage, UnseenGroups
-from .core.notify.seen import Unseen
+from .core.fanout import JobStatus
+from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus
+from .core.privacy import ExportProgress
+from .core.fanout import FanOutJob
+from .core.periods import Routing
+from .core.notify import Group, GroupBy, GroupPage, UnseenGroups
+from .core.notify import Unseen
 from .core.settings import Settings
-from .core.social.publish import BackfillResult, PublishResult
-from .core.fanout.tally import FanOutResult
-from .core.writes.insert import Prepared, prepare_or_stale
+from .core.social import BackfillResult, PublishResult
+from .core.fanout import FanOutResult
+from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
 from .errors import RouterClosed, WriteFailed
 from .exports import ExportFolder, ExportResult

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 from .config import RouterConfig
 from .core import calls
-from .core.fanout.plan import FanOutJob
-from .core.periods.routing import Routing
+from .core.fanout import FanOutJob
+from .core.periods import Routing
 from .core.settings import Settings
 from .core.steps import Program
-from .core.fanout.tally import FanOutResult
+from .core.fanout import FanOutResult
 from .errors import RouterClosed, RouterError, WrongEventLoop
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .observe import Event, Observer

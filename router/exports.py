@@ -46,7 +46,7 @@ from typing import IO, Any
 import attrs
 from bson import ObjectId, json_util
 
-from .core.privacy.export import STREAMS, ExportProgress, ExportSummary
+from .core.privacy import STREAMS, ExportProgress, ExportSummary
 from .errors import InvalidItem
 
 __all__ = ["FORMAT", "MANIFEST", "ExportFolder", "ExportResult", "ExportedFile"]

@@ -15,7 +15,7 @@ from ..errors import ClusterError, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
-from ..core.privacy.erasure import ErasureRecord, unsettled
+from ..core.privacy import ErasureRecord, unsettled
 from ..core.layouts import DEFAULT
 from ..storage import finds
 from .migrate import applied_migrations, discover

@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
-from ..core.notify.groups import MAX_GROUP_PAGE, GroupBy
-from ..core.notify.seen import MAX_CAP
+from ..core.notify import MAX_GROUP_PAGE, GroupBy
+from ..core.notify import MAX_CAP
 from ..errors import InvalidItem
 from ..model import TEXT_RULE, is_id, is_text
 

@@ -25,8 +25,8 @@ import threading
 import time
 from typing import TextIO
 
-from ..core.privacy.erasure import ErasureProgress
-from ..core.privacy.export import STREAMS, ExportProgress
+from ..core.privacy import ErasureProgress
+from ..core.privacy import STREAMS, ExportProgress
 
 __all__ = ["Progress"]
 

@@ -22,37 +22,27 @@ from ..config import RouterConfig
 from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
 from ..model import TEXT_RULE, Activity, FeedItem, Page, identity, is_text
-from .fanout.checkpoint import JobStatus, fenced_status, find_job
-from .writes.checks import check_data, check_ids, check_senders
-from .writes.edits import delete_program, unfollow_program, update_program
-from .privacy.erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, status_program
-from .privacy.export import ExportPlan, ExportSummary, Sink, export_program
-from .fanout.plan import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
-from .writes.fence import NEVER, read_fences
-from .notify.group_marks import ALL, Mark, mark_read_program, unseen_groups_program
-from .notify.group_reads import GroupPlan, groups_program
-from .notify.groups import (
-    DEFAULT_GROUP_BY,
-    MAX_GROUP_PAGE,
-    MAX_MARKS,
-    MAX_NEWEST,
-    Group,
-    GroupBy,
-    GroupCursor,
-    GroupPage,
-    UnseenGroups,
-    check_group,
-    decode_group_cursor,
-    decode_key,
+from .fanout import DEFAULT_CONCURRENCY, FanOutJob, JobStatus, fenced_status, find_job, plan_job, positive_int
+from .writes import (
+    NEVER, check_data, check_ids, check_senders, delete_program, read_fences, unfollow_program, update_program,
+    write_program,
+)
+from .privacy import (
+    ErasurePlan, ErasureResult, ErasureStatus, ExportPlan, ExportSummary, Sink, erase_program, export_program,
+    status_program,
+)
+from .notify import (
+    ALL, DEFAULT_GROUP_BY, Group, GroupBy, GroupCursor, GroupPage, GroupPlan, MAX_CAP, MAX_GROUP_PAGE, MAX_MARKS,
+    MAX_NEWEST, Mark, Unseen, UnseenGroups, UnseenPlan, check_group, decode_group_cursor, decode_key,
+    groups_program, mark_program, mark_read_program, marker_of, marker_program, unseen_groups_program,
+    unseen_program,
 )
 from .policy import deadline_in
-from .reads.pages import ReadPlan, read_program
-from .periods.routing import Routing, routed
-from .notify.seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_of, marker_program, unseen_program
+from .reads import ReadPlan, read_program
+from .periods import Routing, routed
 from .settings import MAX_PAGE, MAX_TYPES, Settings, pseudonyms_of
-from .social.publish import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
+from .social import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
 from .steps import Concurrently, Failure, Program
-from .writes.insert import write_program
 
 __all__ = [
     "Active", "View", "active_filter", "backfill", "concurrency", "delete", "erase_user", "erasure_status",

@@ -10,7 +10,7 @@ from ..config import RouterConfig
 from .layouts import EditSettings
 from .policy import RetryPolicy
 from .pseudonyms import Pseudonyms
-from .writes.insert import WriteSettings
+from .writes import WriteSettings
 
 __all__ = ["MAX_PAGE", "MAX_TYPES", "Settings"]
 

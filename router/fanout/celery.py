@@ -83,10 +83,10 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.writes.checks import receiver_problem
-from ..core.fanout.plan import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
-from ..core.writes.fence import NEVER, FenceMemo
-from ..core.fanout.runs import NEXT_BATCH, Send, Step, drive, run_loop
+from ..core.writes import receiver_problem
+from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
+from ..core.writes import NEVER, FenceMemo
+from ..core.fanout import NEXT_BATCH, Send, Step, drive, run_loop
 from ..core.settings import Settings
 from ..errors import ClusterError, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity

@@ -33,12 +33,12 @@ from typing import Any
 
 import attrs
 
-from ..core.fanout.checkpoint import announce_batch, finish_checkpoint, open_checkpoint, start_job
-from ..core.writes.checks import receiver_problem
-from ..core.fanout.jobs import FanOutJob
+from ..core.fanout import announce_batch, finish_checkpoint, open_checkpoint, start_job
+from ..core.writes import receiver_problem
+from ..core.fanout import FanOutJob
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.fanout.runs import SKIP
+from ..core.fanout import SKIP
 from ..core.steps import Program
 from ..errors import InvalidItem
 from ..model import identity, is_id

@@ -23,11 +23,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..core.fanout.plan import FanOutJob, batches, positive_int, receiver_stream
+from ..core.fanout import FanOutJob, batches, positive_int, receiver_stream
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.fanout.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
-from ..core.fanout.tally import FanOutResult, RunState
+from ..core.fanout import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
+from ..core.fanout import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
 from ..storage.clusters import Clusters

@@ -25,7 +25,7 @@ import pymongo
 from pymongo import AsyncMongoClient
 
 from ..config import ClusterConfig, Deployment, RouterConfig
-from ..core.periods.metadata import load_timemap
+from ..core.periods import load_timemap
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Push, Refresh, Report, Request, Sleep
 from ..errors import RouterError

@@ -33,7 +33,7 @@ from pymongo.database import Database
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ..config import ClusterConfig, Deployment, RouterConfig
-from ..core.periods.metadata import inspect_metadata, load_timemap, read_metadata
+from ..core.periods import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Push, Refresh, Report, Request, Sleep
 from ..errors import ClusterError, ClusterUnavailable, InvalidItem, RouterError

@@ -44,14 +44,12 @@ import attrs
 
 from ...errors import ClusterError, ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RequestRefused, RouterError
 from ...model import to_millis
-from ..layouts import posts
-from ..writes.fence import Fence, refuse_deleted
+from ..layouts import outside_clause, posts
+from ..writes import Fence, insert_program, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
-from ..layouts.queries import outside_clause
 from ..policy import DUPLICATE_KEY, RetryPolicy, deadline_in
 from ..pseudonyms import Pseudonyms
 from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
-from ..writes.insert import insert_program
 
 
 __all__ = [

@@ -16,8 +16,7 @@ from bson.raw_bson import RawBSONDocument
 
 from ...errors import InvalidItem, RouterError
 from ...model import Activity, from_millis, to_millis
-from ..writes.checks import check_activity
-from ..writes.fence import Fence
+from ..writes import Fence, check_activity
 from ..layouts import DEFAULT, layout_named
 from ..steps import Failure
 

@@ -39,8 +39,7 @@ from ...ids import copy_ids
 from ...model import Activity, to_millis, to_utc
 from ...observe import Event
 from .checkpoint import admit_batch, check_batch, drop_checkpoint, record_batch
-from ..writes.checks import check_activity, receiver_problem
-from ..writes.fence import NEVER, Fence, Parties, settle
+from ..writes import Fence, InsertResult, NEVER, Parties, check_activity, insert_program, receiver_problem, settle
 from .jobs import (
     DEFAULT_CONCURRENCY,
     MAX_BATCH_SIZE,
@@ -54,9 +53,8 @@ from ..layouts import LAYOUTS, EditSettings, FanBatch, Layout, layout_for
 from ..push import PushCopies, cleanups
 from ..policy import RetryPolicy, deadline_in
 from ..pseudonyms import Pseudonyms
-from ..periods.routing import Routing, routed
+from ..periods import Routing, routed
 from ..steps import Failure, Program, Report
-from ..writes.insert import InsertResult, insert_program
 
 __all__ = [
     "BatchOutcome",

@@ -19,7 +19,7 @@ import attrs
 from ...errors import FanOutFailed, ItemDeleted, RouterError, SenderErased
 from .checkpoint import drop_checkpoint, finish_checkpoint, start_job
 from .plan import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob, batch_program
-from ..writes.fence import NEVER, Fence
+from ..writes import NEVER, Fence
 from ..policy import RetryPolicy
 from ..pseudonyms import Pseudonyms
 from .runs import SKIP, STOP

@@ -38,9 +38,8 @@ from ...ids import copy_ids
 from ...model import EPOCH, Activity, FeedItem, Page, to_millis
 from .. import calls
 from ..calls import View
-from ..writes.checks import check_ids, check_senders
-from ..layouts import outbox
-from ..layouts.values import Post
+from ..writes import check_ids, check_senders
+from ..layouts import Post, outbox
 from ..settings import MAX_TYPES
 from ..steps import Program
 from ..push import decode, member

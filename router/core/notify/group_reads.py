@@ -57,7 +57,7 @@ from .groups import (
     position_key,
 )
 from ..layouts import grouping, layout_for
-from ..reads.pages import ReadPlan, read_program
+from ..reads import ReadPlan, read_program
 from ..settings import MAX_PAGE
 from .seen import ALL_GROUPS as ALL
 from .seen import highest_read_marks, marker_program, read_marks_find

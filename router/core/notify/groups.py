@@ -47,7 +47,7 @@ from bson import Binary, Decimal128, ObjectId
 from ...cursor import Position
 from ...errors import InvalidCursor, InvalidItem
 from ...model import FeedItem, from_millis, to_millis
-from ..layouts.grouping import canonical
+from ..layouts import canonical
 
 __all__ = [
     "ACTORS_COUNTED", "Acted", "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",

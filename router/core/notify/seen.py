@@ -39,8 +39,7 @@ from ...cursor import Position
 from ...errors import InvalidItem, RequestRefused
 from ...model import FeedItem, identity, is_id
 from ...timemap import TimeMap
-from ..layouts import Layout, layout_for, outbox
-from ..layouts.queries import older_than, outside_clause
+from ..layouts import Layout, layout_for, older_than, outbox, outside_clause
 from ..steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
 __all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "highest_read_marks",

@@ -56,15 +56,13 @@ import attrs
 from ...errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
 from ...timemap import TimeMap
 from ..fanout import checkpoint
-from ..writes import fence
+from ..writes import ERASURES_COLLECTION, fence, insert_program
 from ..notify import seen
-from ..writes.fence import ERASURES_COLLECTION
 from ..layouts import EditSettings, Writer, layout_for, outbox, posts
 from ..push import PushEdit
 from ..policy import deadline_in
 from ..pseudonyms import Pseudonyms
 from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
-from ..writes.insert import insert_program
 
 __all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureProgress", "ErasureRecord", "ErasureResult",
            "ErasureStatus", "erase_program", "status_program", "unsettled"]

@@ -35,16 +35,14 @@ from ...ids import copy_ids, outbox_id
 from ...model import to_utc
 from ...timemap import ReadWindow, TimeMap
 from ...model import Activity
-from ..fanout.plan import FanOutJob, plan_job
-from ..writes.fence import Parties, settle
+from ..fanout import FanOutJob, FanOutResult, plan_job
+from ..writes import Parties, insert_program, settle
 from ..layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
 from ..push import PushItems, PushPost, cleanups
 from ..policy import RetryPolicy, deadline_in
 from ..pseudonyms import Pseudonyms
-from ..periods.routing import Routing
+from ..periods import Routing
 from ..steps import Concurrently, Failure, Program
-from ..fanout.tally import FanOutResult
-from ..writes.insert import insert_program
 
 __all__ = ["BackfillResult", "PublishResult", "Publishing", "backfill_program", "choose_path", "publish_program",
            "store_outbox"]

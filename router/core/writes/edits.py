@@ -34,8 +34,7 @@ from typing import Any
 from ...errors import ClusterError, DeleteFailed, UpdateFailed
 from ...timemap import TimeMap
 from .fence import Parties, drop_superseded, mark_deleted, mark_updated, settle
-from ..layouts import Copy, EditSettings, Layout, layout_for, outbox
-from ..layouts.base import Landed
+from ..layouts import Copy, EditSettings, Landed, Layout, layout_for, outbox
 from ..push import PushEdit
 from ..pseudonyms import Pseudonyms
 from ..steps import Concurrently, Failure, Program

@@ -42,7 +42,7 @@ from ..layouts import ItemBatch, Layout, Writer, layout_for, posts
 from ..push import PushItems
 from ..nogc import cyclic_gc_paused
 from ..policy import RetryPolicy, code_kind, deadline_in
-from ..periods.routing import PastHorizon, Routing, routed
+from ..periods import PastHorizon, Routing, routed
 from ..steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
 
 __all__ = ["Built", "InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_documents",
