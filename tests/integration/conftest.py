@@ -1,9 +1,11 @@
 """Fixtures for tests against real MongoDB-wire servers.
 
 Three local servers (mongod if on PATH, else FerretDB; ``$FEED_TEST_BACKEND`` chooses, e.g.
-``javaserver``) are started once per test session by :mod:`harness.localservers`;
-every test gets its own database name on them, dropped afterwards. Nothing here skips: no
-server means the tests error, and a test marked for what the servers lack fails.
+``javaserver``) are started once per test session by :mod:`harness.localservers` (under
+pytest-xdist, once per worker: each worker has servers, ports and data folders of its own);
+every test gets a database of its own on them, dropped afterwards, or, for a test that
+registers it first thing, emptied and kept for another such test (:mod:`.pool`). Nothing here
+skips: no server means the tests error, and a test marked for what the servers lack fails.
 
 **One contract suite over every layout.** The storage contract files (marked ``contract``
 at module level) run once per layout of :data:`router.core.layouts.LAYOUTS` the session's
@@ -20,8 +22,7 @@ made on that server, never skipped.
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -40,6 +41,7 @@ from harness.localservers import LocalClusters
 
 from ..conftest import SERVED_BY
 from .doors import AsyncDoor, LoopThread
+from .pool import DatabasePool, new_name
 
 UTC = timezone.utc
 #: The three demo periods used by most tests: [P0, P1), [P1, P2), [P2, open).
@@ -137,11 +139,53 @@ def raw_clients(servers: LocalClusters) -> Iterator[dict[str, MongoClient[dict[s
         c.close()
 
 
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the test, for :func:`passed`."""
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def passed(node: pytest.Item) -> bool:
+    """Whether the test's setup and call passed (asked in its teardown)."""
+    reports = node.stash.get(_REPORTS, {})
+    return all(when in reports and reports[when].passed for when in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def database_pool(servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]]) -> DatabasePool | None:
+    """Registered databases kept between tests (see :mod:`.pool`); None on mongo-java-server, whose databases cost
+    little to make, and whose drop needs its own steps."""
+    return None if servers.backend == "javaserver" else DatabasePool(raw_clients)
+
+
 @pytest.fixture
-def db_name(servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]]) -> Iterator[str]:
-    """A database name of this test's own, dropped on every server afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+def registered_database() -> None:
+    """Requested (directly or through another fixture) by a test that registers its database before anything reads
+    it: ``db_name`` may then be an emptied one a passed test registered in the same layout (see :mod:`.pool`).
+    ``make_router`` and ``sync_router`` request it."""
+
+
+@pytest.fixture
+def db_name(request: pytest.FixtureRequest, servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]],
+            database_pool: DatabasePool | None) -> Iterator[str]:
+    """A database name of this test's own: new, or for a test that registers it first thing (``registered_database``)
+    an emptied one from the pool; afterwards emptied into the pool if a passed test left it as registering makes it,
+    else dropped on every server."""
+    name = new_name()
+    if database_pool is not None and "registered_database" in request.fixturenames:
+        layout = str(request.getfixturevalue("layout"))
+        name = database_pool.take(layout, register=lambda name: register(
+            RouterConfig(database=name, clusters=tuple(ClusterConfig(name=n, uri=u, options={})
+                                                       for n, u in zip(NAMES, servers.uris))), layout=layout))
     yield name
+    if database_pool is not None and passed(request.node) and database_pool.give_back(name):
+        return
     # mongo-java-server cannot drop a database the migrations reached as it is (an index bug of its own).
     drop = javaserver.drop_database if servers.backend == "javaserver" else MongoClient.drop_database
     for c in raw_clients.values():
@@ -229,7 +273,7 @@ def open_router(door: str, event_loop_thread: LoopThread) -> Iterator[Callable[.
 
 
 @pytest.fixture
-def make_router(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
+def make_router(registered_database: None, make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
                 layout: str) -> Callable[..., FeedRouter]:
     """Register the three periods in this test's layout and open a router on them through this test's door (closed
     afterwards)."""
@@ -252,7 +296,8 @@ def router(make_router: Callable[..., FeedRouter]) -> FeedRouter:
 
 
 @pytest.fixture
-def sync_router(make_config: Callable[..., RouterConfig], layout: str) -> Iterator[FeedRouter]:
+def sync_router(registered_database: None, make_config: Callable[..., RouterConfig],
+                layout: str) -> Iterator[FeedRouter]:
     """A FeedRouter (sync door only, periods in this test's layout), for tests of its own threads and internals."""
     config = make_config()
     register(config, layout=layout)
