@@ -94,10 +94,21 @@ def held_layouts() -> tuple[str, ...]:
 MANY_COPIES = pytest.mark.unheld("javaserver", "buckets", reason="mongo-java-server scans every bucket for each append")
 
 
+#: The server of scripts/test's second run, which runs the storage contract files again (docs/development.md).
+SECOND_SERVER = "javaserver"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test of a ``contract`` file that uses ``layout`` (through ``router``, ``make_router`` or ``register``) runs
-    once per layout the servers hold, or per layout its ``layouts`` marker names."""
-    if "layout" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("contract") is None:
+    once per layout the servers hold, or per layout its ``layouts`` marker names; on the second server, through one
+    door (:func:`_doors`)."""
+    _doors(metafunc)
+    if metafunc.definition.get_closest_marker("contract") is None:
+        return
+    for marker in ("scenario", "both_doors"):
+        for mark in metafunc.definition.iter_markers(marker):
+            assert mark.kwargs.get("reason"), f"{metafunc.definition.nodeid}: @pytest.mark.{marker} needs a reason"
+    if "layout" not in metafunc.fixturenames:
         return
     names = held_layouts()
     only = metafunc.definition.get_closest_marker("layouts")
@@ -109,6 +120,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         server, layout = unheld.args
         names = tuple(n for n in names if not (n == layout and backend() == server))
     metafunc.parametrize("layout", names, indirect=True)
+
+
+def _doors(metafunc: pytest.Metafunc) -> None:
+    """A test that uses ``door`` runs through both doors, sync then async; a contract test on the second server through
+    the sync door alone, unless marked ``both_doors``: the async door sends the commands the same core builds, through
+    pymongo's async client (its reads carry ``maxTimeMS``), and the ``both_doors`` tests prove those there. A test that
+    names its doors itself (``@pytest.mark.parametrize("door", ...)``) keeps them."""
+    if "door" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0]
+        if "door" in (n.strip() for n in names):
+            return
+    one = (backend() == SECOND_SERVER and metafunc.definition.get_closest_marker("contract") is not None
+           and metafunc.definition.get_closest_marker("both_doors") is None)
+    metafunc.parametrize("door", ["sync"] if one else ["sync", "async"], indirect=True)
 
 
 @pytest.fixture
@@ -247,9 +274,9 @@ def event_loop_thread() -> Iterator[LoopThread]:
     loop.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture
 def door(request: pytest.FixtureRequest) -> str:
-    """Which front door a contract test runs against: every test using it runs on both."""
+    """Which front door a test runs against: ``sync`` or ``async``, each test on both (:func:`_doors`)."""
     return str(request.param)
 
 

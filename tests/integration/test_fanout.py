@@ -292,6 +292,7 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
     assert checkpoint(raw_clients, db_name, handle.job_id)["status"] == "done"  # type: ignore[index]
 
 
+@pytest.mark.scenario(reason="cancelling between batches is the client's; resuming is the sigkill test's")
 def test_cancel_and_close_stop_cleanly_and_stay_resumable(
     make_router: Callable[..., FeedRouter], raw_clients: Clients, db_name: str
 ) -> None:
@@ -333,6 +334,7 @@ def test_cancel_and_close_stop_cleanly_and_stay_resumable(
     assert again.ok and again.batches_resumed == 3 and again.written == n - 3000
 
 
+@pytest.mark.scenario(reason="the receivers' generator and the run loop are the client's")
 def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A generator that raises: the same exception reaches the caller; the checkpoint says failed; a re-run completes."""
 
@@ -425,6 +427,7 @@ def test_delete_removes_every_copy_of_a_fan_out(
     assert router.delete(act.data_key) == 0  # repeatable
 
 
+@pytest.mark.scenario(reason="the client's memory")
 def test_memory_does_not_grow_with_receivers(servers: LocalClusters) -> None:
     """scripts/fanout_memory: peak RSS growth for 100k receivers is within 20 MB of that for 20k."""
     out = subprocess.run(
