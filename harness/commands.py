@@ -40,14 +40,17 @@ class CommandLog(monitoring.CommandListener):
     """Records started commands and counts the documents find/getMore return, while ``on``.
 
     ``on`` starts as given (off by default); ``commands`` lists what was started, in order;
-    ``documents`` adds up the documents find and getMore replies carried; ``rounds`` and
-    ``most_in_flight`` say how many of the commands went one after another and how many at once.
+    ``documents`` adds up the documents find and getMore replies carried (``replied``: and aggregate
+    replies too); ``rounds`` and ``most_in_flight`` say how many of the commands went one after
+    another and how many at once.
     """
 
     def __init__(self, *, on: bool = False) -> None:
         self.on = on
         self.commands: list[Command] = []
         self.documents = 0
+        #: The documents every cursor reply carried (find, getMore and aggregate): what the client received.
+        self.replied = 0
         #: How many commands started while no other was in flight: the calls' round trips one after another.
         self.rounds = 0
         #: The most commands in flight at once.
@@ -69,9 +72,12 @@ class CommandLog(monitoring.CommandListener):
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         with self._lock:
             self._in_flight.discard((event.request_id, event.connection_id))
-        if self.on and event.command_name in _READS:
+        if self.on and event.command_name in (*_READS, "aggregate"):
             cursor = event.reply.get("cursor", {})
-            self.documents += len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
+            returned = len(cursor.get("firstBatch", cursor.get("nextBatch", [])))
+            self.replied += returned
+            if event.command_name in _READS:
+                self.documents += returned
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         with self._lock:
@@ -97,4 +103,4 @@ class CommandLog(monitoring.CommandListener):
         """Forget the commands, and the document count unless ``documents=False``."""
         self.commands.clear()
         if documents:
-            self.documents = 0
+            self.documents = self.replied = 0

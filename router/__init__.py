@@ -26,6 +26,7 @@ from .core.social import BackfillResult, PublishResult
 from .core.tally import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
+    ClusterError,
     ClusterRetired,
     ClusterUnavailable,
     ConfigError,
@@ -46,6 +47,7 @@ from .errors import (
     MigrationError,
     NoClusterForTime,
     PeriodChangeRefused,
+    RequestRefused,
     RolloverError,
     RouterClosed,
     RouterError,
@@ -70,6 +72,7 @@ __all__ = [
     "AsyncFeedRouter",
     "BackfillResult",
     "ClusterConfig",
+    "ClusterError",
     "ClusterMeta",
     "ClusterRetired",
     "ClusterUnavailable",
@@ -110,6 +113,7 @@ __all__ = [
     "Position",
     "PublishResult",
     "ReadWindow",
+    "RequestRefused",
     "RolloverError",
     "RouterClosed",
     "RouterConfig",

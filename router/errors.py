@@ -19,7 +19,9 @@ __all__ = [
     "ConfigProblem",
     "MetadataError",
     "NoClusterForTime",
+    "ClusterError",
     "ClusterUnavailable",
+    "RequestRefused",
     "InvalidItem",
     "InvalidCursor",
     "WriteFailed",
@@ -140,8 +142,9 @@ class StaleMetadata(RouterError):
     """
 
 
-class ClusterUnavailable(RouterError):
-    """Raised (``from`` the driver's error) when a cluster cannot be reached or answered with an error.
+class ClusterError(RouterError):
+    """Raised (``from`` the driver's error) when a cluster did not carry out a request: the base of
+    :class:`ClusterUnavailable` (no answer) and :class:`RequestRefused` (an answer that refuses).
 
     ``cluster`` names the cluster, never its URI.
     """
@@ -149,6 +152,28 @@ class ClusterUnavailable(RouterError):
     def __init__(self, cluster: str, message: str) -> None:
         self.cluster = cluster
         super().__init__(f"cluster {cluster!r}: {message}")
+
+
+class ClusterUnavailable(ClusterError):
+    """Raised (``from`` the driver's error) when a cluster cannot be reached, or gave no answer in time (a timeout,
+    a connection lost, no server to select). Trying again later may work.
+
+    ``cluster`` names the cluster, never its URI.
+    """
+
+
+class RequestRefused(ClusterError):
+    """Raised (``from`` the driver's error) when a cluster's server answered a request with an error: the cluster is
+    up and refuses this request (a reply larger than it sends, a statement larger than it takes, an operator it does
+    not implement, a write it rejects, credentials it does not accept). The same request is refused again.
+
+    ``cluster`` names the cluster, never its URI; ``code`` is the server's error code (``None`` when the driver could
+    not even encode the request).
+    """
+
+    def __init__(self, cluster: str, message: str, *, code: int | None = None) -> None:
+        self.code = code
+        super().__init__(cluster, message)
 
 
 class BucketsFull(ClusterUnavailable):
@@ -208,7 +233,7 @@ class WriteFailed(RouterError):
     """Raised when some items of a ``write_many`` were not written, or their outcome is unknown.
 
     ``failed`` maps the index of every item not confirmed written to the reason (a
-    :class:`ClusterUnavailable` naming the cluster, or :class:`ItemRefused`); ``ids``
+    :class:`ClusterError` naming the cluster, or :class:`ItemRefused`); ``ids``
     holds, in input order, the ``_id`` each item was given: the items whose index is not
     in ``failed`` are stored under it. To repeat the write safely, write
     :meth:`unwritten` (the failed items carrying those ids): an item the first attempt
@@ -237,11 +262,12 @@ class DeleteFailed(RouterError):
     """Raised when a delete could not reach every cluster.
 
     ``deleted`` counts the copies removed from the clusters that answered;
-    ``failed`` maps each cluster that did not answer to its :class:`ClusterUnavailable`.
-    Running the same delete again finishes it.
+    ``failed`` maps each cluster that did not finish to its :class:`ClusterError`
+    (:class:`ClusterUnavailable`, or :class:`RequestRefused`). Running the same delete again
+    finishes it (once the cause is gone).
     """
 
-    def __init__(self, deleted: int, failed: Mapping[str, ClusterUnavailable]) -> None:
+    def __init__(self, deleted: int, failed: Mapping[str, ClusterError]) -> None:
         self.deleted = deleted
         self.failed = dict(failed)
         names = ", ".join(sorted(self.failed))
@@ -252,11 +278,12 @@ class UpdateFailed(RouterError):
     """Raised when an update could not reach every cluster.
 
     ``updated`` counts the documents changed in the clusters that answered; ``failed``
-    maps each cluster that did not answer to its :class:`ClusterUnavailable`. Running
-    the same update again finishes it (documents already changed are skipped).
+    maps each cluster that did not finish to its :class:`ClusterError` (:class:`ClusterUnavailable`,
+    or :class:`RequestRefused`). Running the same update again finishes it (documents already
+    changed are skipped).
     """
 
-    def __init__(self, updated: int, failed: Mapping[str, ClusterUnavailable]) -> None:
+    def __init__(self, updated: int, failed: Mapping[str, ClusterError]) -> None:
         self.updated = updated
         self.failed = dict(failed)
         names = ", ".join(sorted(self.failed))

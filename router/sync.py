@@ -210,12 +210,13 @@ class FeedRouter(SyncDoorBase):
             feeds.mark_read(7, [page.groups[0]])
 
         *key* is a :class:`GroupBy` (or its text, ``"type,data.target/1d"``); each group carries
-        exact item and distinct-actor counts (counted on the server, never by reading its items),
-        the newest item of each of its *newest* newest actors, its first and last time, and
+        its exact item count and its distinct actors (counted on the server, never by reading its
+        items; exact up to 1,000 items in a period, ``actors_capped`` beyond: "999+ others"), the
+        newest item of each of its *newest* newest actors, its first and last time, and
         ``seen``/``read``. Pass ``next_cursor`` for the next page: every group once per walk; a
         group that gets a new item meanwhile is not served again (it leads the next walk).
         *pull* and *types* work as in :meth:`read`. Raises :class:`ClusterUnavailable` for a
-        cluster the page needs.
+        cluster the page needs (:class:`RequestRefused` where its server refuses a request).
         """
         return self._run("read_groups", calls.read_groups(
             self._view(), receiver_id, key=key, limit=limit, newest=newest, cursor=cursor, pull=pull, types=types))
@@ -230,8 +231,10 @@ class FeedRouter(SyncDoorBase):
             feeds.mark_read(7, "all")                    # "mark all as read"
 
         A group passed as a value is read through its newest item (a newer item makes it unread
-        again); a key or ``"all"`` marks through now. Marks are inserted, never updated, so two
-        devices marking at once lose nothing, on every supported server.
+        again), and must be one a page returned (:class:`InvalidItem` naming ``groups[i]``
+        otherwise); a key or ``"all"`` marks through now. Each mark is stored in the cluster that
+        owns its position. Marks are inserted, never updated, so two devices marking at once lose
+        nothing, on every supported server.
         """
         return self._run("mark_read", calls.mark_read(self._view(), receiver_id, groups))
 

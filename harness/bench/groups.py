@@ -4,10 +4,11 @@ One receiver gets one group of ``big`` likes of one post and 19 smaller groups (
 another post each) on one day in the newest period. Measured, in the same run:
 
 * ``groups_page_latency``: ``read_groups(limit=20)`` against ``read(limit=20)`` of the same
-  receiver (median of *rounds* calls per repetition, ms);
+  receiver (median of *rounds* calls per repetition, ms; judged: at most 5 times);
 * ``groups_page_requests``: the commands each sends, per cluster at most (judged: a page of
   groups in one window sends at most 5 to a cluster, 6 without $topN), and the documents the client receives
-  (finds and aggregates together): a group's count never brings its items;
+  (finds and aggregates together: the walk's first 120 items, the rank's row per group and one more, and the
+  newest items shown that those 120 lack, by id): a group's count never brings its items;
 * ``group_count_cost``: what counting the big group costs the server alone: one raw
   ``aggregate`` of its items and actors (``$match`` on the receiver, its day and its key, two
   ``$group``), against a raw ``count_documents`` of the receiver's day (the page index's
@@ -29,6 +30,7 @@ import attrs
 from pymongo import MongoClient, monitoring
 from pymongo.errors import PyMongoError
 
+from router.core.groups import ACTORS_COUNTED
 from router.errors import GroupsUnsupported
 from router.ids import data_key
 from router.model import FeedItem
@@ -100,10 +102,11 @@ def _bench_groups(uris: Sequence[str], *, big: int, reps: int, rounds: int) -> l
     db = raw["bench_groups"]
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
         items = _likes(big)
-        for i in range(0, len(items), 10_000):
-            router.write_many(items[i:i + 10_000])
+        for i in range(0, len(items), 2_000):  # (not measured; batches a loaded server writes within the timeout)
+            router.write_many(items[i:i + 2_000])
         first = router.read_groups(RECEIVER, limit=20)
         assert len(first.groups) == 20 and first.groups[-1].count == big, [(g.values, g.count) for g in first.groups]
+        shown = sum(len(g.items) for g in first.groups)
 
         def counted(call: Any) -> tuple[int, int]:
             log.commands.clear()
@@ -142,7 +145,9 @@ def _bench_groups(uris: Sequence[str], *, big: int, reps: int, rounds: int) -> l
         plan = f"explain refused: {str(exc)[:80]}"
     raw.drop_database("bench_groups")
     raw.close()
-    note_page = (f"a page of 20 groups (one of {big:,} likes, 19 of 5) against a page of 20 items of the same receiver; "
+    ratios = [a / b for a, b in zip(g_ms, p_ms)]
+    note_page = (f"a page of 20 groups (one of {big:,} likes, 19 of 5; the big one's actors counted among "
+                 f"{ACTORS_COUNTED:,} of its items) against a page of 20 items of the same receiver; "
                  f"median {statistics.median(g_ms):.1f} ms against {statistics.median(p_ms):.1f} ms")
     note_requests = (f"read_groups: at most {groups_requests} commands to a cluster, {groups_rows} documents returned "
                      f"(finds and aggregates); read: {page_requests} and {page_rows}")
@@ -151,10 +156,10 @@ def _bench_groups(uris: Sequence[str], *, big: int, reps: int, rounds: int) -> l
                   f"{statistics.median(r_ms):.1f} ms; plan of the count: {plan}")
     return [
         Result("groups_page_latency", f"a page of 20 groups (one of {big:,} items) vs a page of 20 items", "ms",
-               g_ms, p_ms, [a / b for a, b in zip(g_ms, p_ms)], "-", True, note_page),
+               g_ms, p_ms, ratios, "<= 5", statistics.median(ratios) <= 5, note_page),
         Result("groups_page_requests", "commands per cluster: a page of 20 groups vs a page of 20 items", "commands",
                [float(groups_requests)], [float(page_requests)], [float(groups_rows)], "<= 6 commands",
-               groups_requests <= 6 and groups_rows <= 80, note_requests),
+               groups_requests <= 6 and groups_rows <= 2 * 20 * 3 + 21 + shown + 2, note_requests),
         Result("group_count_cost", f"counting a group of {big:,} on the server vs counting the receiver's day", "ms",
                c_ms, r_ms, [a / b for a, b in zip(c_ms, r_ms)], "-", True, note_count),
     ]

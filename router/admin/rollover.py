@@ -45,7 +45,7 @@ from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from ..boundaries import next_boundary
 from ..config import RolloverConfig, RouterConfig
-from ..errors import ClusterUnavailable, PeriodChangeRefused, RolloverError
+from ..errors import ClusterError, PeriodChangeRefused, RolloverError
 from ..observe import NO_METRICS, Event, Metrics
 from ..storage.clusters import Clusters
 from .migrate import Migration, applied_migrations, discover
@@ -110,7 +110,7 @@ def ready_standby(clusters: Clusters, config: RouterConfig, migrations: Sequence
             done = applied_migrations(clusters[name], config)
             found = stored_outside(clusters, name, None, None)
             unfit = layout_problem(clusters, name, settings.layout)  # (buckets: asks the server what it is)
-        except ClusterUnavailable as exc:
+        except ClusterError as exc:
             reasons.append(f"standby {exc}")
             continue
         missing = [m.id for m in migrations if m.id not in done]

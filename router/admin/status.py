@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import RouterConfig
-from ..errors import ClusterUnavailable, InvalidItem
+from ..errors import ClusterError, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
@@ -36,17 +36,17 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
         reachable = [n for n in clusters.names if n not in down]
         applied = clusters.each(lambda c: applied_migrations(c, config), reachable)
         for name, done in applied.items():
-            if isinstance(done, ClusterUnavailable):
+            if isinstance(done, ClusterError):
                 problems.append(str(done))
                 continue
             missing = [m.id for m in migrations if m.id not in done]
             if missing:
                 problems.append(f"cluster {name!r}: migrations not applied: {', '.join(missing)} (run feedrouter migrate)")
         for name, found in clusters.each(unfinished_erasures, reachable).items():
-            problems += [str(found)] if isinstance(found, ClusterUnavailable) else found
+            problems += [str(found)] if isinstance(found, ClusterError) else found
         capabilities = clusters.each(lambda c: c.capabilities(), reachable)
         for name, caps in capabilities.items():
-            if isinstance(caps, ClusterUnavailable):
+            if isinstance(caps, ClusterError):
                 problems.append(str(caps))
         for meta in metas:
             if meta.name in reachable and meta.layout != DEFAULT:
@@ -55,7 +55,7 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
                     problems.append(problem)
     timemap = TimeMap(metas) if not meta_problems else None
     report: dict[str, Any] = {"ok": not problems, "problems": problems, "capabilities": {
-        name: caps.to_json() for name, caps in capabilities.items() if not isinstance(caps, ClusterUnavailable)}}
+        name: caps.to_json() for name, caps in capabilities.items() if not isinstance(caps, ClusterError)}}
     if timemap is not None:
         report["clusters"] = [{"name": m.name, "start_date": m.start_date, "end_date": m.end_date, "layout": m.layout}
                               for m in timemap.periods]
@@ -109,7 +109,7 @@ def status_rows(config: RouterConfig, on_done: Callable[[str], None] | None = No
         results = clusters.each(lambda c: _cluster_status(c, config), on_done=on_done)
         for name, result in results.items():
             row: dict[str, Any] = {"cluster": name, "uri": clusters[name].spec.display_uri}
-            if isinstance(result, ClusterUnavailable):
+            if isinstance(result, ClusterError):
                 row.update(reachable=False, error=str(result), period=None)
             else:
                 doc = result.pop("meta")

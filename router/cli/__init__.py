@@ -29,7 +29,7 @@ from ..config import RouterConfig, load_config
 from ..core.checkpoint import JobStatus
 from ..core.erasure import COUNTED
 from ..core.groups import DEFAULT_GROUP_BY
-from ..errors import ClusterUnavailable, ConfigError, InvalidItem, RouterError
+from ..errors import ClusterError, ConfigError, InvalidItem, RouterError
 from ..storage.clusters import Clusters
 from ..timemap import format_period
 from ..uris import broker_problem, redact_uri
@@ -139,7 +139,7 @@ def _cmd_migrate(args: argparse.Namespace, config: RouterConfig) -> int:
             progress.step(name)
             try:
                 report = migrate_cluster(clusters[name], config, migrations, dry_run=args.dry_run)
-            except ClusterUnavailable as exc:
+            except ClusterError as exc:
                 reports.append({"cluster": name, "error": str(exc)})
                 failed = True
                 continue
@@ -368,7 +368,8 @@ def _cmd_export(args: argparse.Namespace, config: RouterConfig) -> int:
 
 def _group_json(g: Any) -> dict[str, Any]:
     return {"key": g.key, "values": [_plain(v) for v in g.values], "window_start": g.window_start.isoformat(),
-            "count": g.count, "actor_count": g.actor_count, "actors": [_plain(a) for a in g.actors],
+            "count": g.count, "actor_count": g.actor_count, "actors_capped": g.actors_capped,
+            "actors": [_plain(a) for a in g.actors],
             "shown": [str(i.id) for i in g.items], "first_time": g.first_time.isoformat(),
             "last_time": g.last_time.isoformat(), "seen": g.seen, "read": g.read}
 
@@ -394,7 +395,8 @@ def _cmd_groups(args: argparse.Namespace, config: RouterConfig) -> int:
         fields = ", ".join(f"{f}={v!r}" for f, v in zip((args.key or DEFAULT_GROUP_BY).fields, g.values))
         actors = ", ".join(repr(a) for a in g.actors)
         lines.append(f"  {g.last_time.isoformat()}  {fields} from {g.window_start.isoformat()}: {g.count} items from "
-                     f"{g.actor_count} actors (newest: {actors}); first {g.first_time.isoformat()}; "
+                     f"{g.actor_count}{'+' if g.actors_capped else ''} actors (newest: {actors}); "
+                     f"first {g.first_time.isoformat()}; "
                      f"{'seen' if g.seen else 'unseen'}, {'read' if g.read else 'unread'}")
     _emit(args, {"receiver_id": args.receiver, "groups": [_group_json(g) for g in page.groups],
                  "next_cursor": page.next_cursor, "unseen_groups": badge.count, "capped": badge.capped,

@@ -29,7 +29,8 @@ from .erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, s
 from .export import ExportPlan, ExportSummary, Sink, export_program
 from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
 from .fence import NEVER, read_fences
-from .group_reads import ALL, GroupPlan, Mark, groups_program, mark_read_program, unseen_groups_program
+from .group_marks import ALL, Mark, mark_read_program, unseen_groups_program
+from .group_reads import GroupPlan, groups_program
 from .groups import (
     DEFAULT_GROUP_BY,
     MAX_GROUP_PAGE,
@@ -40,6 +41,7 @@ from .groups import (
     GroupCursor,
     GroupPage,
     UnseenGroups,
+    check_group,
     decode_group_cursor,
     decode_key,
 )
@@ -360,7 +362,7 @@ def mark_read(view: View, receiver_id: object, groups: object) -> Program[int]:
             if i >= MAX_MARKS:
                 raise InvalidItem("groups", f"at most {MAX_MARKS} groups per call (mark more with 'all')")
             if isinstance(g, Group):
-                marks.append(Mark(g.key, g.newest))
+                marks.append(Mark(g.key, check_group(g, field=f"groups[{i}]")))
             else:
                 decode_key(g, field=f"groups[{i}]")
                 marks.append(Mark(str(g), now))
@@ -369,12 +371,13 @@ def mark_read(view: View, receiver_id: object, groups: object) -> Program[int]:
     deadline = deadline_in(view.settings.timeout)
 
     def program() -> Program[int]:
-        place: dict[str, str] = {}
-        for m in marks:
+        placed: list[tuple[Mark, str]] = []
+        for m in marks:  # each mark in the cluster that owns its own position (one group may come in two forms)
             when = m.through.event_time
-            place[m.group] = yield from routed(lambda r: r.locate(when.timestamp())[0], view.routing,
-                                                where=lambda _past: (when, "groups"))
-        return (yield from mark_read_program(receiver, marks, place, deadline=deadline))
+            cluster = yield from routed(lambda r: r.locate(when.timestamp())[0], view.routing,
+                                        where=lambda _past: (when, "groups"))
+            placed.append((m, cluster))
+        return (yield from mark_read_program(receiver, placed, deadline=deadline))
 
     return program()
 

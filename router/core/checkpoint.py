@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RouterError
+from ..errors import ClusterError, ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RequestRefused, RouterError
 from ..model import to_millis
 from .layouts import posts
 from .fence import Fence, refuse_deleted
@@ -109,7 +109,7 @@ def drop_jobs(cluster: str, job_ids: Sequence[Any], deadline: float) -> list[tup
     return [(c, Delete(cluster, c, match, deadline)) for c, match in records]
 
 
-def drop_checkpoint(job: FanOutJob, *, timeout: float) -> Program[ClusterUnavailable | None]:
+def drop_checkpoint(job: FanOutJob, *, timeout: float) -> Program[ClusterError | None]:
     """Remove the job's checkpoint (its document and every batch record): what a run does when it finds its post's
     sender erased, so nothing of the post stays. Returns the error that stopped it, or None."""
     for _collection, request in drop_jobs(job.cluster, [job.job_id], deadline_in(timeout)):
@@ -180,7 +180,7 @@ def admit_batch(job: FanOutJob, number: object, first: object, receivers: int, *
 
     Raises :class:`InvalidBatch` for a batch the job cannot have (the job never opened
     included) or that its publisher never sent (:func:`announce_batch`), :class:`FanOutConflict`
-    for a checkpoint of another activity or batch size, :class:`ClusterUnavailable` if the
+    for a checkpoint of another activity or batch size, :class:`ClusterError` if the
     checkpoint cannot be read. Nothing is written.
     """
     check_batch(job, number, first, receivers)
@@ -210,7 +210,7 @@ def announce_batch(jobs: Sequence[FanOutJob], number: int, *, timeout: float) ->
     """Record that batch *number* of each of *jobs* (one cluster's) is sent, before its task is: the record
     :func:`admit_batch` asks for. One insert; a batch recorded before (a job published again) stays as it was.
 
-    Raises the cluster's :class:`ClusterUnavailable` when the record cannot be stored: send nothing then.
+    Raises the cluster's :class:`ClusterError` when the record cannot be stored: send nothing then.
     """
     if not jobs:
         return
@@ -223,8 +223,8 @@ def announce_batch(jobs: Sequence[FanOutJob], number: int, *, timeout: float) ->
         raise ClusterUnavailable(jobs[0].cluster, f"recording batch {number} as sent: {outcome.write_concern}")
     refused = [e for e in outcome.write_errors if e.code != DUPLICATE_KEY]
     if refused:
-        raise ClusterUnavailable(jobs[0].cluster, f"recording batch {number} as sent: refused (code "
-                                                  f"{refused[0].code}): {refused[0].message}")
+        raise RequestRefused(jobs[0].cluster, f"recording batch {number} as sent: refused (code {refused[0].code}): "
+                                              f"{refused[0].message}", code=refused[0].code)
 
 
 def _total(doc: Mapping[str, Any]) -> int | None:
@@ -245,7 +245,7 @@ def record_batch(job: FanOutJob, outcome: BatchOutcome, timeout: float) -> Progr
         fields["error"] = (str(outcome.errors[0]) if outcome.errors else "failed")[:1000]
     inserted: InsertOutcome = yield Insert(job.cluster, "fanout_batches", [{"_id": _batch_id(job.job_id, outcome.number), **fields}],
                                           deadline)
-    error: ClusterUnavailable | None = None
+    error: ClusterError | None = None
     if inserted.failure is not None:
         error = inserted.failure.error
     elif inserted.write_errors and outcome.complete:  # recorded before: turn a failed record into this done one
@@ -293,7 +293,7 @@ def open_checkpoint(job: FanOutJob, *, timeout: float) -> Program[set[int]]:
     (they may be more this time), so batches past the old total are not refused meanwhile.
 
     Raises :class:`FanOutConflict` if the job id's checkpoint belongs to another activity or
-    another batch size, :class:`ClusterUnavailable` if it cannot be read.
+    another batch size, :class:`ClusterError` if it cannot be read.
     """
     deadline = deadline_in(timeout)
     found = yield Find(job.cluster, "fanouts", {"_id": job.job_id}, deadline, limit=1)
@@ -345,7 +345,7 @@ def check_checkpoint(job: FanOutJob, doc: Mapping[str, Any]) -> None:
 def finish_checkpoint(
     job: FanOutJob, *, status: Literal["done", "failed", "cancelled", "published"], total: int | None, error: str | None,
     timeout: float,
-) -> Program[ClusterUnavailable | None]:
+) -> Program[ClusterError | None]:
     """Record how a run (or the publishing of a distributed job) ended; ``total`` once every receiver was read."""
     fields: dict[str, Any] = {"status": status, "error": error, "updated_at": datetime.now(UTC)}
     if total is not None:

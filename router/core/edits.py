@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import ClusterUnavailable, DeleteFailed, UpdateFailed
+from ..errors import ClusterError, DeleteFailed, UpdateFailed
 from ..timemap import TimeMap
 from .fence import Parties, mark_deleted, mark_updated, settle
 from .layouts import Copy, EditSettings, Layout, layout_for, outbox
@@ -40,15 +40,15 @@ __all__ = ["EditSettings", "delete_program", "unfollow_program", "update_program
 
 log = logging.getLogger(__name__)
 
-_Outcome = tuple[int, ClusterUnavailable | None]
+_Outcome = tuple[int, ClusterError | None]
 #: What an edit leaves in a cluster's fence before it edits any copy there.
-_Fence = Callable[[str], Program[ClusterUnavailable | None]]
+_Fence = Callable[[str], Program[ClusterError | None]]
 #: One cluster's share of an edit of copies, by its layout.
 _Copies = Callable[[Layout, str], Program[_Outcome]]
 
 
 def _outbox(cluster: str, data_key: str, data: Mapping[str, Any] | None,
-            settings: EditSettings) -> Program[ClusterUnavailable | None]:
+            settings: EditSettings) -> Program[ClusterError | None]:
     """Edit a data_key's outbox entries (:func:`~router.core.layouts.outbox.edit`)."""
     answer = yield from outbox.edit(cluster, data_key, data, settings)
     return answer.error if answer is not None else None
@@ -57,7 +57,7 @@ def _outbox(cluster: str, data_key: str, data: Mapping[str, Any] | None,
 def _everywhere(
     names: Sequence[str], timemap: TimeMap | None, copies: _Copies, settings: EditSettings, *,
     post: tuple[str, Mapping[str, Any] | None] | None = None, fence: _Fence | None = None,
-) -> Program[tuple[int, dict[str, ClusterUnavailable]]]:
+) -> Program[tuple[int, dict[str, ClusterError]]]:
     """Apply one edit to the copies (and, with *post*: its data_key and new data, the outbox) of every named
     cluster, concurrently; with *fence*, each cluster's fence record first."""
 

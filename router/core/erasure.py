@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterUnavailable, ErasureFailed, RouterError
+from ..errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
 from ..timemap import TimeMap
 from . import checkpoint, fence, seen
 from .fence import ERASURES_COLLECTION
@@ -384,7 +384,7 @@ def _jobs(cluster: str, keys: Sequence[str], counts: dict[str, int], timeout: fl
     return None
 
 
-def _count(request: Delete, counts: dict[str, int], counted: str) -> Program[ClusterUnavailable | None]:
+def _count(request: Delete, counts: dict[str, int], counted: str) -> Program[ClusterError | None]:
     """Send a delete, adding what it removed to *counted*; the error that stopped it, or None."""
     answer = yield request
     if isinstance(answer, Failure):

@@ -63,7 +63,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterUnavailable, ItemDeleted, SenderErased
+from ..errors import ClusterError, ItemDeleted, RequestRefused, SenderErased
 from .policy import RetryPolicy, deadline_in
 from .layouts import Writer
 from .pseudonyms import Pseudonyms
@@ -307,8 +307,8 @@ def _drop_erased(
         for receiver in sorted(receivers, key=str):
             _removed, error = yield from forget(cluster, receiver)
             if error is not None:
-                trouble = error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
-                return Failure("unavailable", trouble)
+                trouble = _cluster_error(cluster, error)
+                return Failure("refused" if isinstance(trouble, RequestRefused) else "unavailable", trouble)
     log.info("cluster %s: documents written for erased users removed again: %d keys whole, copies of %d receivers",
              cluster, len(gone), len(receivers), extra={"cluster": cluster})
     return gone, receivers
@@ -337,21 +337,30 @@ def _record(data_key: str, seq: int, data: Mapping[str, Any] | None) -> dict[str
             "at": datetime.now(UTC)}
 
 
-def mark_deleted(cluster: str, data_key: str, *, policy: RetryPolicy, timeout: float) -> Program[ClusterUnavailable | None]:
+def _cluster_error(cluster: str, error: BaseException) -> ClusterError:
+    """What stopped a fence record: the cluster's error, or (a record refused for itself, an ItemRefused) the refusal
+    of the request."""
+    if isinstance(error, ClusterError):
+        return error
+    code = getattr(error, "code", None)
+    return RequestRefused(cluster, f"the fence record was refused: {error}", code=code if isinstance(code, int) else None)
+
+
+def mark_deleted(cluster: str, data_key: str, *, policy: RetryPolicy, timeout: float) -> Program[ClusterError | None]:
     """Leave *data_key*'s tombstone in *cluster* (before any copy is deleted); the error that stopped it, or None."""
     deadline = deadline_in(timeout)
     result = yield from insert_program(cluster, _RECORDS, [_record(data_key, DELETED, None)], policy=policy,
                                        deadline=deadline, duplicates="present")
     if result.failed:
         error = result.failed[0]
-        return error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
+        return _cluster_error(cluster, error)
     yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": DELETED}}, deadline)  # superseded
     return None
 
 
 def mark_updated(
     cluster: str, data_key: str, data: Mapping[str, Any], *, policy: RetryPolicy, timeout: float
-) -> Program[ClusterUnavailable | None]:
+) -> Program[ClusterError | None]:
     """Record an update of *data_key* in *cluster* under the next ``seq`` (before any copy is updated).
 
     Records nothing for a deleted key (its copies are gone and stay gone). Returns the
@@ -370,7 +379,7 @@ def mark_updated(
                                            deadline=deadline, duplicates="present")
         if result.failed:
             error = result.failed[0]
-            return error if isinstance(error, ClusterUnavailable) else ClusterUnavailable(cluster, str(error))
+            return _cluster_error(cluster, error)
         if result.written:  # this seq is ours; the older records are superseded
             yield Delete(cluster, EDITS_COLLECTION, {"data_key": data_key, "seq": {"$lt": seq}}, deadline)
             return None

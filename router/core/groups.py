@@ -24,7 +24,8 @@ item does meanwhile (see ``docs/notification-groups.md`` for the rules).
 This module is pure and names no stored field: values, keys, windows and cursors. What a
 grouped read asks a cluster is built in :mod:`router.core.layouts.grouping` (the copies'
 fields are the layouts' to name) and the read marks' documents in :mod:`router.core.seen`
-(their collection's module); the programs are in :mod:`router.core.group_reads`.
+(their collection's module); the programs are in :mod:`router.core.group_reads` (pages) and
+:mod:`router.core.group_marks` (read marks, the badge).
 """
 
 from __future__ import annotations
@@ -32,24 +33,27 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from decimal import Decimal
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import bson
 import bson.errors
-from bson import ObjectId
+from bson import Binary, Decimal128, ObjectId
 
 from ..cursor import Position
 from ..errors import InvalidCursor, InvalidItem
 from ..model import FeedItem, from_millis, to_millis
 
 __all__ = [
-    "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
-    "decode_group_cursor", "decode_key", "encode_group_cursor", "group_key", "key_hash", "newest_actors", "position_key",
+    "ACTORS_COUNTED", "Acted", "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
+    "canonical", "check_group", "decode_group_cursor", "decode_key", "encode_group_cursor", "group_key", "ident",
+    "key_hash", "newest_actors", "position_key",
 ]
 
 #: The most groups one page returns.
@@ -58,11 +62,17 @@ MAX_GROUP_PAGE = 100
 MAX_MARKS = 1000
 #: The most newest items (one per actor) a group carries.
 MAX_NEWEST = 10
+#: How many of a group's items (in each period it meets) a page counts distinct actors among: a group with more has
+#: ``actors_capped`` set, and its ``actor_count`` counts the distinct actors of that many of its items (at least so
+#: many act in it). Counting every actor of a huge group cost each page seconds on FerretDB 2 (a ``$group`` per actor).
+ACTORS_COUNTED = 1000
 #: The fields a key may name besides ``data.<path>``.
 _PLAIN_FIELDS = ("type", "sender_id", "data_key")
 _DATA_PATH = re.compile(r"^data(\.[A-Za-z0-9_]+){1,4}$")
 _SPAN_UNITS = {"m": 60, "h": 3600, "d": 86400}
 _KEY_PREFIX = "g1."
+_INT64 = 2**63
+_MISSING = object()
 _CURSOR_PREFIX = "gc1."
 _CURSOR_HEAD = struct.Struct(">4sq12sqBI")
 
@@ -123,16 +133,18 @@ class GroupBy:
         return from_millis(window * self.span_ms), from_millis((window + 1) * self.span_ms)
 
     def values_of(self, item: FeedItem) -> tuple[Any, ...]:
-        """The key's field values of *item* (``None`` for a missing one), as the server's grouping sees them."""
+        """The key's field values of *item* (``None`` for a missing one), as the server's grouping sees them: a
+        ``data`` path read as an aggregation reads ``"$data.a.b"`` (through a list, the list of its elements'
+        values), each value :func:`canonical`."""
         out: list[Any] = []
         for f in self.fields:
             if f in _PLAIN_FIELDS:
-                out.append(getattr(item, f))
+                out.append(canonical(getattr(item, f)))
                 continue
             value: Any = item.data
             for part in f.split(".")[1:]:
-                value = value.get(part) if isinstance(value, Mapping) else None
-            out.append(value)
+                value = _step(value, part)
+            out.append(None if value is _MISSING else canonical(value))
         return tuple(out)
 
     def fingerprint(self, types: Sequence[int | str] = ()) -> bytes:
@@ -145,9 +157,86 @@ class GroupBy:
 DEFAULT_GROUP_BY = GroupBy()
 
 
+def _step(value: Any, part: str) -> Any:
+    """One step of an aggregation field path: a document's field, or through a list the values of its elements that
+    have it (the list of them)."""
+    if isinstance(value, Mapping):
+        return value.get(part, _MISSING)
+    if isinstance(value, list):
+        found = [_step(v, part) for v in value]
+        return [v for v in found if v is not _MISSING]
+    return _MISSING
+
+
+def canonical(value: Any) -> Any:
+    """A key field's value as it names its group, whatever BSON type carried it.
+
+    The servers group numbers by value (``5``, ``5.0``, ``Int64(5)`` and ``Decimal128("5.0")`` are
+    one group), booleans apart from numbers, lists and documents element by element. So a whole
+    number that fits 64 bits is an ``int``, another number a ``float`` when one holds it exactly
+    (else a normalised ``Decimal128``), and lists and documents hold canonical elements: a group's
+    ``values`` and ``key`` do not depend on which of its items the server read first.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):  # int and Int64
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and -_INT64 <= value < _INT64 else value
+    if isinstance(value, Decimal128):
+        number = value.to_decimal()
+        if number.is_nan():
+            return math.nan
+        if number.is_infinite():
+            return math.inf if number > 0 else -math.inf
+        if number == number.to_integral_value() and -_INT64 <= number < _INT64:
+            return int(number)
+        if Decimal(float(number)) == number:
+            return float(number)
+        return Decimal128(number.normalize())
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: canonical(v) for k, v in value.items()}
+    return value
+
+
+def ident(value: Any) -> Hashable:
+    """*value* as a hashable value equal to another's exactly when the servers group the two together.
+
+    Python's own equality would merge what the servers keep apart (``True == 1``) and cannot hash
+    lists or documents: here booleans, numbers (by value; NaN is one value), strings, lists and
+    documents (their fields in order, as BSON compares them) are told apart by their kind.
+    """
+    if value is None:
+        return ("null",)
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float, Decimal128)):
+        number = canonical(value)
+        if isinstance(number, Decimal128):
+            number = number.to_decimal()
+        return ("nan",) if number != number else ("number", number)
+    if isinstance(value, str):
+        return ("string", value)
+    if isinstance(value, (list, tuple)):
+        return ("array", tuple(ident(v) for v in value))
+    if isinstance(value, Mapping):
+        return ("document", tuple((k, ident(v)) for k, v in value.items()))
+    if isinstance(value, Binary):
+        return ("binary", value.subtype, bytes(value))
+    if isinstance(value, bytes):
+        return ("binary", 0, value)
+    try:
+        hash(value)
+    except TypeError:
+        return (type(value).__name__, repr(value))
+    return (type(value).__name__, value)
+
+
 def group_key(by: GroupBy, values: Sequence[Any], window: int) -> str:
-    """The opaque, stable string that names one group (what ``mark_read`` takes)."""
-    raw = bson.encode({"f": list(by.fields), "s": by.span_ms, "w": window, "v": list(values)})
+    """The opaque, stable string that names one group (what ``mark_read`` takes): of its :func:`canonical` values."""
+    raw = bson.encode({"f": list(by.fields), "s": by.span_ms, "w": window, "v": [canonical(v) for v in values]})
     return _KEY_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
@@ -158,7 +247,10 @@ def decode_key(key: object, *, field: str = "groups") -> tuple[tuple[str, ...], 
     body = key[len(_KEY_PREFIX):]
     try:
         doc = bson.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        return tuple(doc["f"]), int(doc["s"]), int(doc["w"]), tuple(doc["v"])
+        fields, span_ms, window, values = tuple(doc["f"]), int(doc["s"]), int(doc["w"]), tuple(doc["v"])
+        if span_ms <= 0 or len(fields) != len(values):
+            raise ValueError("its span or values do not fit its fields")
+        return fields, span_ms, window, values
     except (binascii.Error, bson.errors.BSONError, KeyError, TypeError, ValueError) as exc:
         raise InvalidItem(field, f"is not a group key ({exc}) (got {key!r:.60})") from None
 
@@ -173,11 +265,13 @@ class Group:
     """One group of a receiver's notifications, as a page of groups returns it.
 
     ``count`` items (exact, each item once across periods and pulled outboxes) from
-    ``actor_count`` distinct senders; ``items`` holds the newest item of each of the newest
-    actors (at most ``newest`` of them), newest first; ``first_time``/``last_time`` are its
-    oldest and newest item's times, ``newest`` the position of its newest item (what
-    ``mark_read`` records for a group passed as a value). ``seen``: no item newer than the seen
-    marker; ``read``: marked read since its newest item.
+    ``actor_count`` distinct senders (exact, unless ``actors_capped``: a group of more than
+    :data:`ACTORS_COUNTED` items in a period counts the actors of that many of them there, so
+    it has at least ``actor_count``; show ``others`` as "999+"); ``items`` holds the newest
+    item of each of the newest actors (at most ``newest`` of them), newest first;
+    ``first_time``/``last_time`` are its oldest and newest item's times, ``newest`` the
+    position of its newest item (what ``mark_read`` records for a group passed as a value).
+    ``seen``: no item newer than the seen marker; ``read``: marked read since its newest item.
     """
 
     key: str
@@ -191,6 +285,7 @@ class Group:
     newest: Position
     seen: bool
     read: bool
+    actors_capped: bool = False
 
     @property
     def actors(self) -> tuple[int | str, ...]:
@@ -201,6 +296,31 @@ class Group:
     def others(self) -> int:
         """Actors beyond the first one shown: the "3" of "Alice and 3 others"."""
         return max(self.actor_count - 1, 0)
+
+
+def check_group(group: Group, *, field: str) -> Position:
+    """The position *group* (a ``Group`` value passed to ``mark_read``) is read through, once it is checked to be a
+    group a page returned: its ``newest`` a timezone-aware time and an ObjectId, its ``key`` a group key whose window
+    holds that time and whose values are its ``values``, its ``window_start`` and ``last_time`` those of its key and
+    newest item. :class:`InvalidItem` naming *field* otherwise (a mark of an altered group would be stored under a
+    key no page shows, or in a cluster that does not own its position)."""
+    newest = group.newest
+    if (not isinstance(newest, Position) or not isinstance(newest.id, ObjectId)
+            or not isinstance(newest.event_time, datetime) or newest.event_time.utcoffset() is None):
+        raise InvalidItem(field, "must be a Group a page returned: its newest must be the Position of its newest item, "
+                                 f"with a timezone-aware event_time and an ObjectId (got {newest!r:.120})")
+    _fields, span_ms, window, values = decode_key(group.key, field=field)
+    when = to_millis(newest.event_time)
+    if when // span_ms != window or from_millis(window * span_ms) != group.window_start:
+        raise InvalidItem(field, "must be a Group a page returned: its newest item and window_start lie outside the "
+                                 f"window its key names (got key {group.key!r:.60}, newest at {newest.event_time})")
+    if ident(values) != ident(tuple(group.values)):
+        raise InvalidItem(field, f"must be a Group a page returned: its key names the values {values!r:.80}, not its "
+                                 f"values {group.values!r:.80}")
+    if group.last_time != newest.event_time:
+        raise InvalidItem(field, f"must be a Group a page returned: its last_time {group.last_time} is not its newest "
+                                 f"item's time {newest.event_time}")
+    return Position(newest.event_time, newest.id)
 
 
 @attrs.frozen
@@ -268,13 +388,33 @@ def position_key(position: Position) -> tuple[datetime, bytes]:
     return position.event_time, position.id.binary
 
 
-def newest_actors(items: Iterable[FeedItem], newest: int) -> tuple[FeedItem, ...]:
+class Acted(Protocol):
+    """An item, or an item known by its position and sender: what :func:`newest_actors` orders."""
+
+    @property
+    def event_time(self) -> datetime: ...
+
+    @property
+    def id(self) -> ObjectId | None: ...
+
+    @property
+    def sender_id(self) -> int | str: ...
+
+
+A = TypeVar("A", bound=Acted)
+
+
+def _order(item: Acted) -> tuple[datetime, bytes]:
+    assert item.id is not None
+    return item.event_time, item.id.binary
+
+
+def newest_actors(items: Iterable[A], newest: int) -> tuple[A, ...]:
     """The newest item of each actor among *items*, newest first, at most *newest* of them."""
-    best: dict[Any, FeedItem] = {}
+    best: dict[Hashable, A] = {}
     for item in items:
-        assert item.id is not None
-        mine = best.get((type(item.sender_id), item.sender_id))
-        if mine is None or (item.event_time, item.id.binary) > (mine.event_time, mine.id.binary):  # type: ignore[union-attr]
-            best[(type(item.sender_id), item.sender_id)] = item
-    ordered = sorted(best.values(), key=lambda i: (i.event_time, i.id.binary), reverse=True)  # type: ignore[union-attr]
-    return tuple(ordered[:newest])
+        actor = ident(item.sender_id)
+        mine = best.get(actor)
+        if mine is None or _order(item) > _order(mine):
+            best[actor] = item
+    return tuple(sorted(best.values(), key=_order, reverse=True)[:newest])

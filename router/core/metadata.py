@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import RouterConfig
-from ..errors import ClusterUnavailable, InvalidItem, MetadataError
+from ..errors import ClusterError, ClusterUnavailable, InvalidItem, MetadataError, RequestRefused
 from ..model import ClusterMeta
 from ..timemap import TimeMap
 from .layouts import LAYOUTS
@@ -40,7 +40,7 @@ def read_metadata(names: Sequence[str], *, deadline: float) -> Program[dict[str,
 
 def inspect_metadata(
     answers: Mapping[str, list[dict[str, Any]] | Failure], config: RouterConfig, *, allow_missing: AnyCollection[str] = ()
-) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterUnavailable]]:
+) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterError]]:
     """The valid metadata, every problem, and the clusters that did not answer.
 
     Clusters named in *allow_missing* or listed as rollover standbys may have no
@@ -92,7 +92,7 @@ def load_timemap(
     With *previous* (a refresh), a cluster that does not answer keeps the period it had
     in *previous*, so one dead cluster does not freeze every router's map; its own
     metadata cannot have changed meanwhile without reaching it. Otherwise raises
-    :class:`ClusterUnavailable` naming every unreachable cluster, and
+    :class:`ClusterError` naming every cluster that did not answer (or refused), and
     :class:`MetadataError` listing every problem.
     """
     answers = yield from read_metadata(names, deadline=deadline)
@@ -107,7 +107,10 @@ def load_timemap(
         first = next(iter(down.values()))
         if len(down) == 1:
             raise first
-        raise ClusterUnavailable(", ".join(down), "unreachable: " + "; ".join(str(e) for e in down.values())) from first
+        unreachable = any(isinstance(e, ClusterUnavailable) for e in down.values())
+        kind = ClusterUnavailable if unreachable else RequestRefused
+        raise kind(", ".join(down), ("unreachable: " if unreachable else "refused: ")
+                   + "; ".join(str(e) for e in down.values())) from first
     if problems:
         raise MetadataError(problems)
     timemap = TimeMap(metas)

@@ -33,7 +33,7 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import CursorState, Position, encode_state
-from ..errors import ClusterUnavailable
+from ..errors import ClusterUnavailable, RequestRefused
 from ..model import FeedItem, Page
 from ..observe import Event
 from ..timemap import ReadWindow, TimeMap
@@ -288,8 +288,8 @@ class _Walk:
         self.sources.extend([cluster] * len(fetched.entries))
 
     def failed(self, cluster: str, failure: Failure, position: Position | None) -> None:
-        if self.plan.on_unavailable == "raise":
-            raise failure.error
+        if self.plan.on_unavailable == "raise" or isinstance(failure.error, RequestRefused):
+            raise failure.error  # (a refusal is no cluster unavailable: a partial page would owe it for ever)
         log.warning("%s; serving a partial page", failure.error, extra={"cluster": cluster})
         self.unavailable.append(cluster)
         self.owed.append((cluster, position))

@@ -36,7 +36,7 @@ import attrs
 from bson import ObjectId
 
 from ..cursor import Position
-from ..errors import InvalidItem
+from ..errors import InvalidItem, RequestRefused
 from ..model import FeedItem, identity, is_id
 from ..timemap import TimeMap
 from .layouts import Layout, layout_for, outbox
@@ -124,7 +124,8 @@ def mark_program(receiver_id: int | str, position: Position, cluster: str, *, de
     if outcome.failure is not None:
         raise outcome.failure.error
     if outcome.write_errors:  # a fresh ObjectId cannot collide; any refusal is the server's
-        raise RuntimeError(f"cluster {cluster!r}: the seen marker was refused: {outcome.write_errors[0].message}")
+        error = outcome.write_errors[0]
+        raise RequestRefused(cluster, f"the seen marker was refused (code {error.code}): {error.message}", code=error.code)
     mine = {"receiver_id": receiver_id, **_MARKERS, **older_than(position, "key")}
     cleaned = yield Delete(cluster, "seen", mine, deadline)
     if isinstance(cleaned, Failure):  # the marker is stored; the lower ones left are harmless, and go next time
@@ -246,7 +247,7 @@ def outside(start: datetime | None, end: datetime | None) -> list[tuple[dict[str
              "read_time")]
 
 
-# -- read marks of notification groups (router.core.group_reads) ------------------------------
+# -- read marks of notification groups (router.core.group_marks) ------------------------------
 
 #: The ``group`` of a read mark that marks every group read.
 ALL_GROUPS = "*"

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 import attrs
 
-from ..errors import ClusterUnavailable
+from ..errors import ClusterError
 from ..observe import Event
 
 __all__ = [
@@ -83,7 +83,7 @@ class Failure:
     """
 
     kind: FailureKind
-    error: ClusterUnavailable
+    error: ClusterError
 
     @property
     def retryable(self) -> bool:

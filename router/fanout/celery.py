@@ -88,7 +88,7 @@ from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, recei
 from ..core.fence import NEVER, FenceMemo
 from ..core.runs import NEXT_BATCH, Send, Step, drive, run_loop
 from ..core.settings import Settings
-from ..errors import ClusterUnavailable, FanOutConflict, InvalidBatch, InvalidItem, RouterError
+from ..errors import ClusterError, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity
 from ..observe import Metrics, Observer
 from ..storage.clusters import Clusters
@@ -327,7 +327,7 @@ def write_batch(
             data=data, admit=True, known=fences.known(key) if fences is not None else NEVER,
             pseudonyms=settings.pseudonyms,
         ))
-    except ClusterUnavailable as exc:  # the checkpoint could not be read to admit the batch
+    except ClusterError as exc:  # the checkpoint could not be read to admit the batch
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {exc}") from exc
     if fences is not None:
         fences.learn(key, outcome.fence)
@@ -337,7 +337,7 @@ def write_batch(
         return outcome
     trouble: RouterError | None = outcome.stopped.error if outcome.stopped is not None else None
     if trouble is None:  # a copy left in doubt by the cluster, or the record not saved: worth another try
-        trouble = next((e for e in outcome.errors if isinstance(e, ClusterUnavailable)), None)
+        trouble = next((e for e in outcome.errors if isinstance(e, ClusterError)), None)
     if trouble is not None:
         raise BatchNotWritten(f"fan-out {fanout.job_id!r}: batch {number} not written: {trouble}") from trouble
     log.info("fan-out %r: batch %d%s: %d written, %d already present, %d skipped, %d failed", fanout.job_id, number,
@@ -391,7 +391,7 @@ def publish_fan_out(
     :meth:`FeedRouter.publish`'s business, not this function's.
 
     Raises :class:`InvalidItem` (``data`` not JSON, among others), :class:`NoClusterForTime`,
-    :class:`StaleMetadata`, :class:`FanOutConflict`, :class:`ClusterUnavailable`,
+    :class:`StaleMetadata`, :class:`FanOutConflict`, :class:`ClusterError`,
     :class:`~router.errors.ItemDeleted` (the post was deleted) before anything is sent; :class:`BrokerUnavailable`, or what *receivers* or *active* raised,
     while sending (the checkpoint then says ``failed``; publish again to finish).
     """

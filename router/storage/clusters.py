@@ -36,7 +36,7 @@ from ..config import ClusterConfig, Deployment, RouterConfig
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
-from ..errors import ClusterUnavailable, InvalidItem, RouterError
+from ..errors import ClusterError, ClusterUnavailable, InvalidItem, RouterError
 from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
@@ -111,12 +111,13 @@ class Cluster:
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {self.spec.display_uri!r})"
 
-    def error(self, exc: BaseException, *, doing: str) -> ClusterUnavailable:
+    def error(self, exc: BaseException, *, doing: str) -> ClusterError:
         """:func:`driver_error` for this cluster, with its configured password masked too."""
         return driver_error(self.name, exc, doing=doing, secrets=self.secrets)
 
     def call(self, doing: str, fn: Callable[[], T]) -> T:
-        """Run *fn*, turning any driver error into :class:`ClusterUnavailable` naming this cluster."""
+        """Run *fn*, turning any driver error into the :class:`ClusterError` naming this cluster (:class:`ClusterUnavailable`,
+        or :class:`RequestRefused` when the server refused)."""
         try:
             return fn()
         except PyMongoError as exc:
@@ -245,7 +246,7 @@ class Clusters:
         try:
             for spec in config.clusters:
                 self._by_name[spec.name] = Cluster(spec, config, clients=self.clients)
-        except ClusterUnavailable:
+        except ClusterError:
             self.close()
             raise
 
@@ -370,11 +371,11 @@ class Clusters:
 
     def each(
         self, fn: Callable[[Cluster], T], names: Sequence[str] | None = None, *, on_done: Callable[[str], None] | None = None
-    ) -> dict[str, T | ClusterUnavailable]:
-        """Run *fn* on each named cluster concurrently; a :class:`ClusterUnavailable` is returned, not raised.
+    ) -> dict[str, T | ClusterError]:
+        """Run *fn* on each named cluster concurrently; a :class:`ClusterError` is returned, not raised.
 
         *on_done* is called with each cluster's name as its call finishes (progress).
-        Errors other than :class:`ClusterUnavailable` propagate (they are bugs or bad input).
+        Errors other than :class:`ClusterError` propagate (they are bugs or bad input).
         """
         targets = [self._by_name[n] for n in (self._by_name if names is None else names)]
         futures = [self._pool_of(c.name).submit(fn, c) for c in targets]
@@ -386,12 +387,12 @@ class Clusters:
                     done(name)
 
                 future.add_done_callback(report)
-        results: dict[str, T | ClusterUnavailable] = {}
+        results: dict[str, T | ClusterError] = {}
         for cluster, future in zip(targets, futures):
             error = future.exception()
             if error is None:
                 results[cluster.name] = future.result()
-            elif isinstance(error, ClusterUnavailable):
+            elif isinstance(error, ClusterError):
                 results[cluster.name] = error
             else:
                 raise error
@@ -412,7 +413,7 @@ class Clusters:
 
     def inspect_metadata(
         self, *, allow_missing: AnyCollection[str] = ()
-    ) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterUnavailable]]:
+    ) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterError]]:
         """Read every cluster's metadata: the valid documents, every problem, and the unreachable clusters
         (see :func:`router.core.metadata.inspect_metadata`)."""
         try:

@@ -13,10 +13,11 @@ from pymongo.errors import _OperationCancelled  # private, but the only sign of 
 
 from ..core.policy import TRANSIENT_WRITE_CODES
 from ..core.steps import Failure, FailureKind
-from ..errors import ClusterUnavailable
+from ..errors import ClusterError, ClusterUnavailable, RequestRefused
 from ..uris import redact_uri
 
-__all__ = ["QUERY_CANCELED", "STATEMENT_TOO_LARGE", "TIME_LIMIT_CODES", "UNSUPPORTED_CODES", "classify", "driver_error"]
+__all__ = ["QUERY_CANCELED", "REFUSALS", "STATEMENT_TOO_LARGE", "TIME_LIMIT_CODES", "UNSUPPORTED_CODES", "classify",
+           "driver_error"]
 
 #: FerretDB's errors for a statement with more parameters than its backend takes:
 #: SQLite (32,766) and PostgreSQL's extended protocol (65,535).
@@ -29,13 +30,18 @@ QUERY_CANCELED = 67371461
 TIME_LIMIT_CODES = frozenset({50, QUERY_CANCELED})
 
 
+#: The kinds of failure that are a server's answer refusing the request (:class:`RequestRefused`), not a cluster
+#: that gave none (:class:`ClusterUnavailable`).
+REFUSALS: tuple[FailureKind, ...] = ("refused", "too_large", "unsupported")
+
 #: A server's "not implemented" answers: NotImplemented (238, FerretDB v1's aggregation), an unknown group operator
 #: (15952), an unknown expression (168) or pipeline stage (40324).
 UNSUPPORTED_CODES = (238, 15952, 168, 40324)
 
 
-def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterUnavailable:
-    """A :class:`ClusterUnavailable` for a driver error, with any URI password redacted.
+def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Sequence[str] = ()) -> ClusterError:
+    """The :class:`ClusterError` for a driver error, with any URI password redacted: a :class:`RequestRefused` when
+    the server answered with a refusal (:data:`REFUSALS`), else a :class:`ClusterUnavailable`.
 
     *secrets* (the cluster's configured password) are masked word for word as well.
     Raise it ``from exc`` so the driver's traceback stays attached.
@@ -49,6 +55,10 @@ def driver_error(cluster: str, exc: BaseException, *, doing: str, secrets: Seque
             text = text.replace(secret, "***")
     if len(text) > 300:
         text = text[:297] + "..."
+    if _kind(exc) in REFUSALS:
+        code = getattr(exc, "code", None)
+        return RequestRefused(cluster, f"{doing}: the server refused the request: {type(exc).__name__}: {text}",
+                              code=code if isinstance(code, int) else None)
     return ClusterUnavailable(cluster, f"{doing} failed: {type(exc).__name__}: {text}")
 
 

@@ -16,6 +16,8 @@ from datetime import datetime
 from bson import ObjectId
 
 from router import FeedRouter, Group, Position
+from router.core.groups import decode_key
+from router.model import from_millis
 
 
 def main(argv: Sequence[str]) -> int:
@@ -23,10 +25,12 @@ def main(argv: Sequence[str]) -> int:
     marks = json.loads(sys.stdin.read())
     with FeedRouter.from_yaml(path, clock=lambda: now, refresh=False) as router:
         for m in marks:
-            if m["value"]:
+            if m["value"]:  # the Group a page returns, as far as mark_read looks (it refuses any other)
                 t = datetime.fromisoformat(m["t"])
-                group = Group(key=m["key"], values=(), window_start=t, count=1, actor_count=1, items=(), first_time=t,
-                              last_time=t, newest=Position(t, ObjectId(m["id"])), seen=False, read=False)
+                _fields, span_ms, window, values = decode_key(m["key"])
+                group = Group(key=m["key"], values=values, window_start=from_millis(window * span_ms), count=1,
+                              actor_count=1, items=(), first_time=t, last_time=t, newest=Position(t, ObjectId(m["id"])),
+                              seen=False, read=False)
                 router.mark_read(receiver, [group])
             else:
                 router.mark_read(receiver, [m["key"]])

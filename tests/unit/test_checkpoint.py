@@ -239,7 +239,7 @@ def test_announce_batch_records_each_part_once() -> None:
     other refusal or a failed send raises before the task would be sent."""
     import attrs
 
-    from router import ClusterUnavailable
+    from router import ClusterUnavailable, RequestRefused
     from router.core.checkpoint import announce_batch
     from router.core.steps import Failure, Insert, InsertOutcome, WriteError
 
@@ -257,7 +257,7 @@ def test_announce_batch_records_each_part_once() -> None:
     assert (request.cluster, request.collection) == ("c2", "fanout_sent")
     assert [(d["_id"], d["job"], d["n"]) for d in request.documents] == [("j#7", "j", 7), ("j/inactive#7", "j/inactive", 7)]
     run(InsertOutcome(write_errors=(WriteError(0, 11000, "duplicate key"), WriteError(1, 11000, "duplicate key"))))
-    with pytest.raises(ClusterUnavailable, match="recording batch 7 as sent: refused"):
+    with pytest.raises(RequestRefused, match="recording batch 7 as sent: refused"):
         run(InsertOutcome(write_errors=(WriteError(1, 121, "validation"),)))
     with pytest.raises(ClusterUnavailable, match="down"):
         run(InsertOutcome(failure=Failure("unavailable", ClusterUnavailable("c2", "down"))))

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import attrs
 import pytest
-from bson import ObjectId
+from bson import Decimal128, Int64, ObjectId
 from hypothesis import given
 from hypothesis import strategies as st
 
 from router import FeedItem, GroupBy, InvalidCursor, InvalidItem, Position
 from router.core.groups import (
+    Group,
     GroupCursor,
+    canonical,
+    check_group,
     decode_group_cursor,
     decode_key,
     encode_group_cursor,
     group_key,
+    ident,
     key_hash,
     newest_actors,
 )
@@ -112,3 +117,36 @@ def test_newest_actors_keeps_each_actors_newest_item_newest_first() -> None:
     same = item("x", T, oid=ObjectId(b"\x00" * 12))
     later = item("x", T, oid=ObjectId(b"\x01" * 12))
     assert newest_actors([later, same], 1) == (later,)  # equal times: the higher id is the newer
+
+
+def test_values_are_canonical_and_told_apart_as_the_servers_group_them() -> None:
+    """Numbers by value whatever their BSON type (named by an int when whole), booleans apart from numbers, lists
+    and documents element by element (a document's fields in order), NaN one value."""
+    assert [canonical(v) for v in (5.0, Int64(5), Decimal128("5.00"), 5.5, Decimal128("0.1"), -0.0)] == [
+        5, 5, 5, 5.5, Decimal128("0.1"), 0]
+    assert type(canonical(5.0)) is int and canonical([1.0, {"a": 2.0}]) == [1, {"a": 2}]
+    assert ident(True) != ident(1) and ident(1) == ident(1.0) == ident(Int64(1)) == ident(Decimal128("1"))
+    assert ident([1, 2]) == ident([1.0, 2]) != ident([2, 1]) and ident({"a": 1, "b": 2}) != ident({"b": 2, "a": 1})
+    assert ident(float("nan")) == ident(Decimal128("NaN")) and ident("1") != ident(1) and ident(None) != ident("")
+    assert len({ident(v) for v in (True, 1, 1.0, [1], {"a": 1}, "1", None, b"1")}) == 7
+    by = GroupBy(fields=("type", "data.post.id"))
+    assert by.values_of(item(1, T, data={"post": [{"id": 1.0}, {"x": 2}, {"id": [3]}]})) == ("like", [1, [3]])
+    assert group_key(by, ("like", 5.0), 7) == group_key(by, ("like", Int64(5)), 7) != group_key(by, ("like", True), 7)
+
+
+def test_only_a_group_a_page_returned_is_marked() -> None:
+    """check_group gives the position a Group is read through, and refuses one whose key, values, window or newest
+    item were altered, naming the field."""
+    by = GroupBy()
+    newest = Position(T, ObjectId())
+    window = by.window_of(T)
+    group = Group(key=group_key(by, ("like", 5), window), values=("like", 5.0), window_start=by.window_bounds(window)[0],
+                  count=2, actor_count=2, items=(), first_time=T, last_time=T, newest=newest, seen=False, read=False)
+    assert check_group(group, field="groups[0]") == newest
+    for bad in [attrs.evolve(group, key=group_key(by, ("like", 5), window + 1)),
+                attrs.evolve(group, values=("like", True)), attrs.evolve(group, newest=None),
+                attrs.evolve(group, newest=Position(T.replace(tzinfo=None), newest.id)),
+                attrs.evolve(group, window_start=T), attrs.evolve(group, last_time=T + timedelta(hours=1)),
+                attrs.evolve(group, key="g1.AAAA")]:
+        with pytest.raises(InvalidItem, match=r"^groups\[3\]: "):
+            check_group(bad, field="groups[3]")

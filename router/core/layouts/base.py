@@ -181,6 +181,12 @@ class Layout(Writer[CopyBatch]):
         """The copies among *copies* stored under their ids (``data`` may be left None: only the identity,
         :meth:`~.values.Copy.same_as`, is compared)."""
 
+    @abc.abstractmethod
+    def copies_by_id(self, cluster: str, receiver_id: int | str, ids: Sequence[ObjectId],
+                     deadline: float) -> Program[list[Copy] | Failure]:
+        """*receiver_id*'s copies stored under *ids*, whole (a page of groups' newest items): an exact find, whatever
+        their size (:mod:`router.storage.finds` continues a batch the server cut at 16 MiB)."""
+
     def stored(self, cluster: str, batch: CopyBatch, positions: Sequence[int],
                deadline: float) -> Program[dict[int, bool] | Failure]:
         ours = {batch.ids[p]: p for p in positions}

@@ -259,6 +259,13 @@ class Buckets(Layout):
         docs = yield Find(cluster, "feed", {"items._id": {"$in": list(wanted)}}, deadline, projection=_IDENTITY)
         return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
 
+    def copies_by_id(self, cluster: str, receiver_id: int | str, ids: Sequence[ObjectId],
+                     deadline: float) -> Program[list[Copy] | Failure]:
+        # Whole buckets (a bucket holds at most MAX_BYTES of copies), the copies asked for picked out of them.
+        wanted = set(ids)
+        docs = yield Find(cluster, "feed", {"receiver_id": receiver_id, "items._id": {"$in": list(wanted)}}, deadline)
+        return docs if isinstance(docs, Failure) else [c for c in self.copies_of(docs) if c.id in wanted]
+
     def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
         return [Copy(copy_id(i), doc["receiver_id"], i["sender_id"], i["event_time"], i["type"], i.get("data"),
                      i["data_key"]) for doc in documents for i in doc.get("items", ())]

@@ -65,6 +65,11 @@ class Copies(Layout):
         docs = yield Find(cluster, "feed", {"_id": {"$in": [c.id for c in copies]}}, deadline)
         return docs if isinstance(docs, Failure) else self.copies_of(docs)
 
+    def copies_by_id(self, cluster: str, receiver_id: int | str, ids: Sequence[ObjectId],
+                     deadline: float) -> Program[list[Copy] | Failure]:
+        docs = yield Find(cluster, "feed", {"_id": {"$in": list(ids)}, "receiver_id": receiver_id}, deadline)
+        return docs if isinstance(docs, Failure) else self.copies_of(docs)
+
     def copies_of(self, documents: Iterable[Mapping[str, Any]]) -> list[Copy]:
         return [Copy(d["_id"], d["receiver_id"], d["sender_id"], d["event_time"], d["type"], d.get("data"),
                      d["data_key"]) for d in documents]

@@ -6,12 +6,12 @@ built here, on the stream of copies each layout supplies
 supplies (:func:`.outbox.stream`), and what comes back is read here, as values (a streamed
 copy as a :class:`~.values.Copy`; posts are read by :mod:`.outbox`, as :class:`~.values.Post`):
 
-* :func:`rank`: a window's groups, newest first by their newest item (``$group`` by the
-  key's values, ``$max`` of ``(event_time, _id)``);
-* :func:`details`: of the page's groups, items, distinct actors (a ``$group`` per (group,
-  actor), then per group), first time and the newest item of each of the newest actors
-  (``$topN``, or ``$push`` after ``$sort`` where the server has no ``$topN``);
-* :func:`actors`: the page's groups' actors, to count a group that spans periods as one set;
+* :func:`summaries`: a window's groups (the newest ones, for a page's rank; or the page's
+  groups), one row each from one ``$group`` by the key's values: the newest item's position,
+  items, first time, the newest items by position and sender, and the distinct actors of a
+  sample of its items (their ids too, to count a group that spans periods as one set);
+* :func:`newest_actors`: the newest item of each of a group's newest actors, for a group
+  whose newest items repeat an actor (a ``$group`` per (group, actor));
 * :func:`unseen`: the groups (and windows) of the items newer than a marker;
 * :func:`pulled_copies` and :func:`pulled_posts`: the pulled senders' copies and posts of a
   window, read whole (a few authors' posts) and counted by the caller, each post once.
@@ -23,24 +23,28 @@ A missing key field groups as ``None`` (``$ifNull``), as :meth:`GroupBy.values_o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
+from bson import ObjectId
 
 from ...cursor import Position
 from ...model import FeedItem
+from ..groups import canonical
 from ..steps import Aggregate, Failure, Program
 from . import outbox
 from .base import Layout
 from .queries import newer_than
 from .values import Copy, Post
 
-__all__ = ["Detail", "actor_rows", "actors", "at_or_below", "copy_match", "detail_rows", "details", "pulled_copies",
-           "pulled_items", "pulled_posts", "rank", "rank_rows", "unseen", "unseen_outbox", "unseen_rows"]
+__all__ = ["Newest", "Summary", "at_or_below", "copy_match", "through", "newest_actor_rows", "newest_actors", "pulled_copies",
+           "pulled_items", "pulled_posts", "summaries", "summary_rows", "unseen", "unseen_outbox", "unseen_rows"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 Values = tuple[Any, ...]
+#: The copies' fields a key may name that the router checks on writing: an int or a text, never a list.
+_ROUTER_FIELDS = ("type", "sender_id", "data_key")
 
 
 def _key(fields: Sequence[str]) -> dict[str, Any]:
@@ -49,7 +53,9 @@ def _key(fields: Sequence[str]) -> dict[str, Any]:
 
 
 def _values(row_id: Mapping[str, Any], fields: Sequence[str]) -> Values:
-    return tuple(row_id.get(f"k{i}") for i in range(len(fields)))
+    """A group's values as a row names them, :func:`~router.core.groups.canonical` (the server shows one of the
+    values it grouped together: 5 or 5.0)."""
+    return tuple(canonical(row_id.get(f"k{i}")) for i in range(len(fields)))
 
 
 def _item(row: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
@@ -60,20 +66,40 @@ def _item(row: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
 
 
 def _selector(fields: Sequence[str], values: Values) -> dict[str, Any]:
-    """The items whose key fields hold *values* (``None`` matches a missing field too)."""
-    return {f: v for f, v in zip(fields, values)}
+    """The items whose key fields hold *values*, compared as :func:`_key` groups them (``None`` matches a missing
+    field too). A query's ``{field: value}`` would also match a list holding the value: the router's own fields
+    (``type``, ``sender_id``, ``data_key``: an id or a text, never a list) are matched so, a ``data`` path with
+    ``$expr``, the grouping's own equality (numbers by value, ``true`` apart from ``1``, lists and documents
+    whole)."""
+    plain: dict[str, Any] = {}
+    same: list[dict[str, Any]] = []
+    for f, v in zip(fields, values):
+        if f in _ROUTER_FIELDS and isinstance(v, (int, str)) and not isinstance(v, bool):
+            plain[f] = v
+        else:
+            same.append({"$eq": [{"$ifNull": [f"${f}", None]}, {"$literal": v}]})
+    if same:
+        plain["$expr"] = same[0] if len(same) == 1 else {"$and": same}
+    return plain
 
 
 def at_or_below(ceiling: Position) -> dict[str, Any]:
-    """The clause of items at or below *ceiling* in newest-first ``(event_time, _id)`` order."""
-    return {"$or": [{"event_time": {"$lt": ceiling.event_time}},
-                    {"event_time": ceiling.event_time, "_id": {"$lte": ceiling.id}}]}
+    """The clause of items at or below *ceiling* in newest-first ``(event_time, _id)`` order, given a stream that ends
+    after the ceiling's millisecond (:func:`through`): it leaves out the items of that millisecond above it. (One
+    ``$or`` of the two halves cost FerretDB 2 about a plain page more per window of 100,000 items than this.)"""
+    return {"$nor": [{"event_time": ceiling.event_time, "_id": {"$gt": ceiling.id}}]}
+
+
+def through(end: datetime, ceiling: Position) -> datetime:
+    """Where a stream of the items at or below *ceiling* in a window ending at *end* ends: the page index's range then
+    leaves out the items after the ceiling's millisecond."""
+    return min(end, ceiling.event_time + timedelta(milliseconds=1))
 
 
 def copy_match(*, types: Sequence[int | str] = (), not_from: Sequence[int | str] = (), ceiling: Position | None = None,
                groups: tuple[Sequence[str], Sequence[Values]] | None = None) -> dict[str, Any]:
     """The copies a grouped read counts: of *types*, not from the senders *not_from* (pulled: counted apart), at or
-    below *ceiling*, of the groups ``(fields, [values, ...])``."""
+    below *ceiling* (in a stream that ends :func:`through` it), of the groups ``(fields, [values, ...])``."""
     match: dict[str, Any] = {}
     if types:
         match["type"] = {"$in": list(types)}
@@ -95,67 +121,104 @@ def _stream(layout: Layout, cluster: str, receiver_id: int | str, start: datetim
     return Aggregate(cluster, "feed", layout.copy_stream(receiver_id, start, end, match) + stages, deadline)
 
 
-def rank(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime, match: Mapping[str, Any],
-         fields: Sequence[str], limit: int, deadline: float) -> Aggregate:
-    """The *limit* newest groups of the window ``[start, end)``, each with its newest item's position."""
-    return _stream(layout, cluster, receiver_id, start, end, match, [
-        {"$group": {"_id": _key(fields), "last": {"$max": {"t": "$event_time", "i": "$_id"}}}},
-        {"$sort": {"last.t": -1, "last.i": -1}},
-        {"$limit": limit},
-    ], deadline)
+@attrs.frozen
+class Newest:
+    """One of a group's newest items, by position and sender: the item itself is read by id afterwards
+    (:meth:`Layout.copies_by_id <router.core.layouts.base.Layout.copies_by_id>`), because a row of whole items could
+    pass 16 MiB, which the server refuses."""
 
-
-def rank_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Values, Position]]:
-    """The answer to :func:`rank`: each group's values and the position of its newest item."""
-    return [(_values(r["_id"], fields), Position(r["last"]["t"], r["last"]["i"])) for r in rows]
-
-
-def details(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
-            match: Mapping[str, Any], fields: Sequence[str], newest: int, *, top_n: bool, deadline: float) -> Aggregate:
-    """One row per group of *match*: items, distinct actors, first time, the newest item of each of its *newest*
-    newest actors (``$topN`` with *top_n*; else ``$push`` after ``$sort``, which keeps the order on the servers that
-    have no ``$topN``, and ``$slice``)."""
-    per_actor = {"$group": {"_id": {"k": _key(fields), "s": "$sender_id"}, "n": {"$sum": 1},
-                            "f": {"$min": "$event_time"},
-                            "last": {"$max": {"t": "$event_time", "i": "$_id", "d": "$$ROOT"}}}}
-    sums = {"n": {"$sum": "$n"}, "a": {"$sum": 1}, "f": {"$min": "$f"}}
-    if top_n:
-        top = {"$topN": {"n": newest, "sortBy": {"last.t": -1, "last.i": -1}, "output": "$last"}}
-        stages = [per_actor, {"$group": {"_id": "$_id.k", **sums, "top": top}}]
-    else:
-        stages = [per_actor, {"$sort": {"last.t": -1, "last.i": -1}},
-                  {"$group": {"_id": "$_id.k", **sums, "top": {"$push": "$last"}}},
-                  {"$project": {"n": 1, "a": 1, "f": 1, "top": {"$slice": ["$top", newest]}}}]
-    return _stream(layout, cluster, receiver_id, start, end, match, stages, deadline)
+    event_time: datetime
+    id: ObjectId
+    sender_id: int | str
 
 
 @attrs.frozen
-class Detail:
-    """A group's (or one cluster's part of it): items, distinct actors, first time, the newest item of each of its
-    newest actors."""
+class Summary:
+    """One cluster's part of a group, as :func:`summaries` counts it: its values, its newest item's position, its
+    items, its first time, its newest items (``newest``, newest first), and the distinct actors among the
+    ``sampled`` of its items it looked at (``sampled == count``: every one of them; ``ids``: those actors, where asked).
+    """
 
+    values: Values
+    last: Position
     count: int
-    actors: int
     first: datetime
-    items: tuple[FeedItem, ...]
+    newest: tuple[Newest, ...]
+    actors: int
+    sampled: int
+    ids: tuple[Any, ...] | None
 
 
-def detail_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], receiver_id: int | str) -> dict[Values, Detail]:
-    """The answer to :func:`details`, by group values."""
-    return {_values(r["_id"], fields): Detail(r["n"], r["a"], r["f"], tuple(_item(x["d"], receiver_id) for x in r["top"]))
-            for r in rows}
+def _newest(t: str, i: str, s: str) -> dict[str, str]:
+    return {"t": t, "i": i, "s": s}
 
 
-def actors(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
-           match: Mapping[str, Any], fields: Sequence[str], deadline: float) -> Aggregate:
-    """One row per (group, actor) of *match*."""
-    return _stream(layout, cluster, receiver_id, start, end, match,
-                   [{"$group": {"_id": {"k": _key(fields), "s": "$sender_id"}}}], deadline)
+def summaries(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
+              match: Mapping[str, Any], fields: Sequence[str], *, newest: int, sample: int, limit: int | None, ids: bool,
+              fast: bool, deadline: float) -> Aggregate:
+    """One row per group of *match* in ``[start, end)`` (:class:`Summary`), from one ``$group`` by key whose every
+    accumulator costs about the same per item: the newest item's position (``$max``), items (``$sum``), first time
+    (``$min``), the *newest* newest items (``$topN``; none with 0: it costs FerretDB 2 as much as the rest together)
+    and the senders of the first *sample* items (``$firstN``, whose distinct ones are counted on the server; listed
+    with *ids*). With *limit*, only the *limit* groups with the newest
+    items (a page's rank). Without *fast* (a server with no ``$topN`` and ``$firstN``): ``$push`` after a ``$sort``,
+    then ``$slice``."""
+    key = _key(fields)
+    last = {"$max": {"t": "$event_time", "i": "$_id"}}
+    counts = {"n": {"$sum": 1}, "f": {"$min": "$event_time"}}
+    item = _newest("$event_time", "$_id", "$sender_id")
+    top: dict[str, Any] = {}
+    if fast:
+        if newest:
+            top["top"] = {"$topN": {"n": newest, "sortBy": {"event_time": -1, "_id": -1}, "output": item}}
+        stages: list[dict[str, Any]] = [{"$group": {"_id": key, "last": last, **counts, **top,
+                                                    "ids": {"$firstN": {"n": sample, "input": "$sender_id"}}}}]
+    else:
+        if newest:
+            top["top"] = {"$push": item}
+        stages = [{"$sort": {"event_time": -1, "_id": -1}},
+                  {"$group": {"_id": key, "last": last, **counts, **top, "ids": {"$push": "$sender_id"}}}]
+    if limit is not None:
+        stages += [{"$sort": {"last.t": -1, "last.i": -1}}, {"$limit": limit}]
+    sampled = {"$slice": ["$ids", sample]}  # (what $firstN kept already; the $push of a server without it)
+    shown: dict[str, Any] = {"last": 1, "n": 1, "f": 1, "m": {"$size": sampled},
+                             "a": {"$size": {"$setUnion": [sampled, []]}}}
+    if newest:
+        shown["top"] = {"$slice": ["$top", newest]}
+    if ids:
+        shown["ids"] = {"$setUnion": [sampled, []]}
+    return _stream(layout, cluster, receiver_id, start, end, match, [*stages, {"$project": shown}], deadline)
 
 
-def actor_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Values, Any]]:
-    """The answer to :func:`actors`: (group values, actor) pairs."""
-    return [(_values(r["_id"]["k"], fields), r["_id"]["s"]) for r in rows]
+def summary_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[Summary]:
+    """The answer to :func:`summaries`."""
+    return [Summary(_values(r["_id"], fields), Position(r["last"]["t"], r["last"]["i"]), r["n"], r["f"],
+                    tuple(Newest(x["t"], x["i"], x["s"]) for x in r.get("top", ())), r["a"], r["m"],
+                    tuple(r["ids"]) if "ids" in r else None) for r in rows]
+
+
+def newest_actors(layout: Layout, cluster: str, receiver_id: int | str, start: datetime, end: datetime,
+                  match: Mapping[str, Any], fields: Sequence[str], newest: int, *, fast: bool,
+                  deadline: float) -> Aggregate:
+    """Of each group of *match*, the newest item of each of its *newest* newest actors (a group whose newest items
+    repeat an actor: :func:`summaries` shows its newest items, not its newest actors' items)."""
+    per_actor: dict[str, Any] = {"$group": {"_id": {"k": _key(fields), "s": "$sender_id"},
+                                            "last": {"$max": {"t": "$event_time", "i": "$_id"}}}}
+    item = _newest("$last.t", "$last.i", "$_id.s")
+    stages: list[dict[str, Any]]
+    if fast:
+        stages = [per_actor, {"$group": {"_id": "$_id.k", "top": {"$topN": {
+            "n": newest, "sortBy": {"last.t": -1, "last.i": -1}, "output": item}}}}]
+    else:
+        stages = [per_actor, {"$sort": {"last.t": -1, "last.i": -1}},
+                  {"$group": {"_id": "$_id.k", "top": {"$push": item}}},
+                  {"$project": {"top": {"$slice": ["$top", newest]}}}]
+    return _stream(layout, cluster, receiver_id, start, end, match, stages, deadline)
+
+
+def newest_actor_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[tuple[Values, tuple[Newest, ...]]]:
+    """The answer to :func:`newest_actors`: each group's values and its newest actors' newest items."""
+    return [(_values(r["_id"], fields), tuple(Newest(x["t"], x["i"], x["s"]) for x in r["top"])) for r in rows]
 
 
 def _unseen_stages(fields: Sequence[str], span_ms: int, limit: int) -> list[dict[str, Any]]:
@@ -188,7 +251,8 @@ def pulled_copies(layout: Layout, cluster: str, receiver_id: int | str, start: d
     ``$sort`` makes the server hold the answer, so one past a batch is read on exactly, see
     :data:`~router.core.steps.HOLDING_STAGES`)."""
     match = {"sender_id": {"$in": list(senders)}, **copy_match(types=types, ceiling=ceiling)}
-    return _stream(layout, cluster, receiver_id, start, end, match, [{"$sort": {"event_time": -1, "_id": -1}}], deadline)
+    return _stream(layout, cluster, receiver_id, start, through(end, ceiling), match,
+                   [{"$sort": {"event_time": -1, "_id": -1}}], deadline)
 
 
 def pulled_posts(cluster: str, senders: Sequence[int | str], types: Sequence[int | str], start: datetime, end: datetime,
