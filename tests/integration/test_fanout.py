@@ -88,10 +88,10 @@ def assert_accounted(result: FanOutResult, total: int) -> None:
 
 @MANY_COPIES
 def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str,
-                                                               door: str) -> None:
-    """A generator of 200k receivers (20k through the async door: its batches are the same): exactly that many
-    documents, all in the cluster owning event_time."""
-    n = 200_000 if door == "sync" else 20_000
+                                                               door: str, layout: str) -> None:
+    """A generator of 200k receivers (through the sync door, in copies; 20k elsewhere, whose batches of 1,000 are the
+    same): exactly that many documents, all in the cluster owning event_time."""
+    n = 200_000 if (door, layout) == ("sync", "copies") else 20_000
     result = router.fan_out(activity(), people(n, start=10_000_000))
     assert result.ok and result.cluster == OWNER
     assert (result.written, result.already_present, result.skipped, result.failed) == (n, 0, 0, 0)
