@@ -68,8 +68,8 @@ def _duration(seconds: float) -> str:
 def worker_yaml(
     config: RouterConfig, *, broker: str, visibility_timeout: float = 3600, retries: int = 3, retry_backoff: float = 5.0,
 ) -> str:
-    """clusters.yaml text for *config* (database, writes, clusters and their options, the erasure key) plus a
-    ``celery`` section."""
+    """clusters.yaml text for *config* (database, writes, clusters and their options, the erasure key, live pushes)
+    plus a ``celery`` section."""
     doc: dict[str, Any] = {
         "database": config.database,
         "collections": {"feed": config.feed_collection, "metadata": config.metadata_collection},
@@ -84,6 +84,10 @@ def worker_yaml(
     }
     if config.erasure_key:  # every process that writes copies must read erasure records under the same key
         doc["erasure"] = {"key": config.erasure_key}
+    if config.push is not None:  # every process that writes copies pushes them to live subscribers
+        p = config.push
+        doc["push"] = {"redis": p.redis, "prefix": p.prefix, "presence_ttl": _duration(p.presence_ttl.total_seconds()),
+                       "queue": p.queue, "catch_up": p.catch_up, "timeout": _duration(p.timeout.total_seconds())}
     return yaml.safe_dump(doc, sort_keys=False)
 
 

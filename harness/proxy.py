@@ -209,3 +209,49 @@ class LegacyHelloProxy(_Proxy):
         encoded = bson.encode(doc)
         rebuilt = message[4:start] + encoded + message[start + size :]
         return (len(rebuilt) + 4).to_bytes(4, "little") + rebuilt
+
+
+class CutProxy(_Proxy):
+    """Forwards bytes untouched until :meth:`cut`: then every connection through it is closed and new ones are closed at
+    once, until :meth:`restore`. What a network partition between one client and its server looks like (the
+    server itself stays up for everyone else).
+
+    Example::
+
+        proxy = CutProxy(redis.port)          # then give clients redis://127.0.0.1:{proxy.port}/0
+        proxy.cut(); ...; proxy.restore()
+    """
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self.is_cut = False
+        self._start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self.is_cut = True
+            socks, self._open = self._open, []
+        self._close(*socks)
+
+    def restore(self) -> None:
+        with self._lock:
+            self.is_cut = False
+
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> None:
+        with self._lock:
+            if self.is_cut:
+                self._close(client, upstream)
+                return
+            self._open += [client, upstream]
+        for src, dst in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._close(src, dst)

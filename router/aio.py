@@ -25,7 +25,7 @@ from typing import Any, Literal, overload
 
 from bson import ObjectId
 
-from .aio_base import AsyncDoorBase, first
+from .aio_base import first
 from .config import RouterConfig, load_config
 from .core import calls
 from .core.checkpoint import JobStatus
@@ -43,6 +43,7 @@ from .cursor import Position
 from .errors import RouterClosed, WriteFailed
 from .exports import ExportFolder, ExportResult
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, Receivers
+from .live.doors import AsyncLiveDoor
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.aclusters import AsyncClusters
@@ -52,7 +53,7 @@ __all__ = ["AsyncFeedRouter"]
 log = logging.getLogger(__name__)
 
 
-class AsyncFeedRouter(AsyncDoorBase):
+class AsyncFeedRouter(AsyncLiveDoor):
     """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``, on asyncio.
 
     Example (in a FastAPI lifespan)::
@@ -524,6 +525,7 @@ class AsyncFeedRouter(AsyncDoorBase):
         if self._fanouts is not None:
             await self._fanouts.close(drain=False)
         await self.stop_refresh()
+        await self._close_live()
         if self._idle is not None:
             try:
                 await asyncio.wait_for(self._idle.wait(), self.settings.timeout + 5)

@@ -23,6 +23,7 @@ import yaml
 from .boundaries import period_length_hint
 from .errors import ConfigError, ConfigProblem
 from .layout_names import DEFAULT as DEFAULT_LAYOUT, LAYOUT_NAMES
+from .pushconfig import PushConfig, push_section
 from .timemap import ReadWindow
 from .uris import (
     broker_problem, deployment_identity, masked_uri, redact_uri, uri_database, uri_password, uri_path, uri_problem,
@@ -31,6 +32,7 @@ from .yamlreader import YamlReader
 
 __all__ = [
     "CeleryConfig",
+    "PushConfig",
     "broker_problem",
     "ClusterConfig",
     "RolloverConfig",
@@ -200,6 +202,7 @@ class RouterConfig:
     client_idle_close: timedelta = timedelta(minutes=10)
     rollover: RolloverConfig | None = None
     celery: CeleryConfig | None = None
+    push: PushConfig | None = None
     #: ``erasure.key``: the secret the erasure records' pseudonyms are keyed with (None: the public default key).
     erasure_key: str | None = attrs.field(default=None, repr=False)
     source: str = "<config>"
@@ -229,7 +232,7 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
     top = r.mapping(
         root, "", {
             "database", "collections", "read_window", "read", "write", "fanout", "refresh_interval", "timeout", "rollover",
-            "celery", "clusters", "clients", "erasure",
+            "celery", "clusters", "clients", "erasure", "push",
         }
     )
     if top is None:
@@ -292,6 +295,8 @@ def parse_config(text: str, *, source: str = "clusters.yaml", env: Mapping[str, 
         kwargs["celery"] = _celery(r, top["celery"])
     if "erasure" in top:
         kwargs["erasure_key"] = _erasure_key(r, top["erasure"])
+    if "push" in top:
+        kwargs["push"] = push_section(r, top["push"], _duration)
     if r.problems:
         raise ConfigError(sorted(r.problems, key=lambda p: (p.line, p.column)))
     return RouterConfig(clusters=tuple(clusters), **{k: v for k, v in kwargs.items() if v is not None})

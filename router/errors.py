@@ -43,6 +43,7 @@ __all__ = [
     "BucketsFull",
     "SenderErased",
     "ErasureFailed",
+    "PushNotConfigured",
 ]
 
 
@@ -414,3 +415,8 @@ class ErasureFailed(RouterError):
         first = "; ".join(f"{name}: {error}" for name, error in sorted(self.failed.items())[:3])
         super().__init__(f"erasure {request_id} did not finish in {len(self.failed)} clusters ({first}); "
                          "call erase_user again with the same user to finish it")
+
+
+class PushNotConfigured(RouterError):
+    """Raised by ``subscribe`` (and ``feedrouter tail``) when ``clusters.yaml`` has no ``push:`` section: live feeds
+    need a Redis (``push: {redis: redis://host:6379/0}``), and every router and worker that writes must name it too."""

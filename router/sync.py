@@ -39,17 +39,18 @@ from .cursor import Position
 from .errors import WriteFailed
 from .exports import ExportFolder, ExportResult
 from .fanout.threads import FanOutExecutor, FanOutHandle, FanOutRun
+from .live.doors import LiveDoor
 from .model import Activity, FeedItem, Page, utcnow
 from .observe import Event, Metrics, Observer
 from .storage.clusters import Clusters
-from .sync_base import SyncDoorBase, _Calls
+from .sync_base import _Calls
 
 __all__ = ["FeedRouter"]
 
 log = logging.getLogger(__name__)
 
 
-class FeedRouter(SyncDoorBase):
+class FeedRouter(LiveDoor):
     """Routes feed writes, reads and deletes to the cluster that owns each ``event_time``.
 
     Example::
@@ -482,6 +483,7 @@ class FeedRouter(SyncDoorBase):
         if not self._calls.close(self.settings.timeout + 5):
             log.warning("close(): calls still running after %.0f s; closing the clients under them", self.settings.timeout + 5)
         self.stop_refresh()
+        self._close_live()
         self._clusters.close()
 
     def __enter__(self) -> FeedRouter:

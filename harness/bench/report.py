@@ -30,6 +30,7 @@ from .feedsize import bench_feed_size
 from .groups import bench_groups
 from .fanout import bench_fanout, bench_fanout_memory
 from .layouts import bench_layouts
+from .live import LIVE_SIZES, bench_live, bench_live_write
 from .notify import bench_type_index, bench_unseen
 from .plans import bench_plans
 from .reads import bench_async_reads, bench_pages, bench_pull_pages, bench_read
@@ -142,6 +143,8 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("sender_index", lambda: bench_sender_index(servers, copies=s.fanout // 20, writes=s.writes, reps=s.reps)),
             ("registry", lambda: bench_registry(servers, writes=s.writes, copies=s.fanout // 20, reps=s.reps)),
             ("erase_user", lambda: bench_erase(servers, followers=s.erase[0], posts=s.erase[1], inbox=s.erase[2])),
+            ("live", lambda: bench_live(servers, LIVE_SIZES[size])),
+            ("live_write", lambda: bench_live_write(servers, LIVE_SIZES[size])),
         ]
         results: list[Result] = []
         for name, step in steps:

@@ -35,6 +35,7 @@ from ..timemap import format_period
 from ..uris import broker_problem, redact_uri
 from .parser import build_parser
 from .progress import Progress
+from .tail import run_tail
 
 __all__ = ["main"]
 
@@ -435,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "erase-status": _cmd_erase_status,
             "export": _cmd_export,
             "groups": _cmd_groups,
+            "tail": run_tail,
         }
         return commands[args.command](args, config)
     except _Failed:

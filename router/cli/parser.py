@@ -222,6 +222,20 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_argument("--cursor", default=None, help="the next_cursor a previous page printed")
     groups.add_argument("--pull", action="append", type=_receiver_arg, default=None, metavar="SENDER",
                         help="merge in the outbox of this pulled sender (repeat for more)")
+    tail = sub.add_parser(
+        "tail",
+        help="print a receiver's live feed as it changes, until Ctrl-C (needs push: in clusters.yaml)",
+        description="Subscribe to RECEIVER's feed and print one line per event as it comes: a new item, an update, a "
+        "delete, or a resync (Redis was lost or a writer could not push: the items are caught up, edits may have been "
+        "missed). With --cursor (a page's or an event's), every item stored after it comes first, once. Ctrl-C or "
+        "SIGTERM ends it, exit 0. RECEIVER as for 'unseen'.",
+    )
+    tail.add_argument("receiver", metavar="RECEIVER", type=_receiver_arg, help="the receiver id")
+    tail.add_argument("--cursor", default=None, help="start after this position (a page's or an event's cursor)")
+    tail.add_argument("--pull", action="append", type=_receiver_arg, default=None, metavar="SENDER",
+                      help="also this pulled sender's new posts (repeat for more)")
+    tail.add_argument("--types", action="append", type=_receiver_arg, default=None, metavar="TYPE",
+                      help="only items of this type (repeat for more)")
     for command in sub.choices.values():  # --json after the subcommand too (SUPPRESS: absent there, the top's stays)
         command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
     return parser

@@ -33,6 +33,7 @@ from ..timemap import TimeMap
 from .fence import Parties, mark_deleted, mark_updated, settle
 from .layouts import Copy, EditSettings, Layout, layout_for, outbox
 from .layouts.base import Landed
+from .live.push import PushEdit
 from .pseudonyms import Pseudonyms
 from .steps import Concurrently, Failure, Program
 
@@ -88,6 +89,7 @@ def delete_program(data_key: str, names: Sequence[str], settings: EditSettings, 
         settings, post=(data_key, None),
         fence=lambda cluster: mark_deleted(cluster, data_key, policy=settings.policy, timeout=settings.timeout),
     )
+    yield PushEdit([data_key])  # removed (where a cluster failed, at the call that finishes): live subscribers
     if failed:
         raise DeleteFailed(deleted, failed)
     return deleted
@@ -127,6 +129,7 @@ def update_program(
         settings, post=(data_key, data),
         fence=lambda cluster: mark_updated(cluster, data_key, data, policy=settings.policy, timeout=settings.timeout),
     )
+    yield PushEdit([data_key], data)  # changed: live subscribers
     if failed:
         raise UpdateFailed(updated, failed)
     return updated

@@ -56,6 +56,7 @@ from ..timemap import TimeMap
 from . import checkpoint, fence, seen
 from .fence import ERASURES_COLLECTION
 from .layouts import EditSettings, Writer, layout_for, outbox, posts
+from .live.push import PushEdit
 from .policy import deadline_in
 from .pseudonyms import Pseudonyms
 from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
@@ -340,6 +341,7 @@ def _page(plan: ErasurePlan, cluster: str, keys: Sequence[str], remove_sent: Cal
     trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
     if trouble is not None:
         return trouble
+    yield PushEdit(keys)  # their copies are gone: live subscribers
     error = yield from _jobs(cluster, keys, counts, settings.timeout)
     steps = [(counted, request) for counted, request in (
         *(("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names),  # every cluster

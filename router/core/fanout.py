@@ -51,6 +51,7 @@ from .jobs import (
     positive_int,
 )
 from .layouts import LAYOUTS, EditSettings, FanBatch, Layout, layout_for
+from .live.push import PushCopies, cleanups
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing, routed
@@ -199,6 +200,7 @@ def batch_program(
         )
         written, already, stopped = result.written, len(result.present), result.stopped
         failed = [valid[p] for p in sorted(result.failed)]
+        yield PushCopies(a, valid, ids, shared, skip=result.failed)  # stored: live subscribers (router.core.live)
         reasons: list[RouterError] = list(result.failed.values())
         if stopped is None:  # (a cluster that failed the insert is not asked again in this batch)
             settled = yield from settle(job.cluster, layout.fix, {a.data_key: ids}, seqs={a.data_key: known.seq},
@@ -210,6 +212,7 @@ def batch_program(
                 reasons.append(settled.error)
             else:
                 fence = settled.fences[a.data_key]
+                yield from cleanups(settled.fences, {a.data_key: known.seq})  # what the fence undid, live
                 if fence.deleted:  # deleted (or its sender erased) meanwhile: settle removed them again
                     written = already = 0
                 elif settled.erased:  # erased receivers: their copies were removed again, and they count as skipped

@@ -33,12 +33,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import math
 import re
 import struct
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -49,6 +47,7 @@ from bson import Binary, Decimal128, ObjectId
 from ..cursor import Position
 from ..errors import InvalidCursor, InvalidItem
 from ..model import FeedItem, from_millis, to_millis
+from .layouts.grouping import canonical
 
 __all__ = [
     "ACTORS_COUNTED", "Acted", "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",
@@ -71,7 +70,6 @@ _PLAIN_FIELDS = ("type", "sender_id", "data_key")
 _DATA_PATH = re.compile(r"^data(\.[A-Za-z0-9_]+){1,4}$")
 _SPAN_UNITS = {"m": 60, "h": 3600, "d": 86400}
 _KEY_PREFIX = "g1."
-_INT64 = 2**63
 _MISSING = object()
 _CURSOR_PREFIX = "gc1."
 _CURSOR_HEAD = struct.Struct(">4sq12sqBI")
@@ -166,39 +164,6 @@ def _step(value: Any, part: str) -> Any:
         found = [_step(v, part) for v in value]
         return [v for v in found if v is not _MISSING]
     return _MISSING
-
-
-def canonical(value: Any) -> Any:
-    """A key field's value as it names its group, whatever BSON type carried it.
-
-    The servers group numbers by value (``5``, ``5.0``, ``Int64(5)`` and ``Decimal128("5.0")`` are
-    one group), booleans apart from numbers, lists and documents element by element. So a whole
-    number that fits 64 bits is an ``int``, another number a ``float`` when one holds it exactly
-    (else a normalised ``Decimal128``), and lists and documents hold canonical elements: a group's
-    ``values`` and ``key`` do not depend on which of its items the server read first.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):  # int and Int64
-        return int(value)
-    if isinstance(value, float):
-        return int(value) if value.is_integer() and -_INT64 <= value < _INT64 else value
-    if isinstance(value, Decimal128):
-        number = value.to_decimal()
-        if number.is_nan():
-            return math.nan
-        if number.is_infinite():
-            return math.inf if number > 0 else -math.inf
-        if number == number.to_integral_value() and -_INT64 <= number < _INT64:
-            return int(number)
-        if Decimal(float(number)) == number:
-            return float(number)
-        return Decimal128(number.normalize())
-    if isinstance(value, list):
-        return [canonical(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: canonical(v) for k, v in value.items()}
-    return value
 
 
 def ident(value: Any) -> Hashable:

@@ -38,6 +38,7 @@ from ..model import Activity
 from .fanout import FanOutJob, plan_job
 from .fence import Parties, settle
 from .layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
+from .live.push import PushItems, PushPost, cleanups
 from .policy import RetryPolicy, deadline_in
 from .pseudonyms import Pseudonyms
 from .routing import Routing
@@ -73,10 +74,12 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     for result in results:
         if result.failed:
             raise result.failed[0]
+    yield PushPost(a)  # stored: subscribers pulling the author (router.core.live)
     settled = yield from settle(job.cluster, outbox.fix, {a.data_key: [oid]}, timeout=timeout,
                                 parties=Parties({a.data_key: a.sender_id}), pseudonyms=pseudonyms)
     if isinstance(settled, Failure):
         raise settled.error
+    yield from cleanups(settled.fences, {})
     fence = settled.fences[a.data_key]
     if fence.deleted:
         for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
@@ -219,6 +222,7 @@ def backfill_program(
                                                duplicates="present")
             if result.failed:
                 raise next(iter(result.failed.values()))
+            yield PushItems(copies, [c.id for c in copies])  # stored: live subscribers (router.core.live)
             parties = Parties(sent_by, {key: [receiver_id] * len(ids) for key, ids in written_ids.items()},
                               forget=lambda name, who: layout.remove_received(name, who, EditSettings(timeout=timeout)))
             settled = yield from settle(cluster, layout.fix, written_ids, timeout=timeout, parties=parties,
@@ -226,6 +230,7 @@ def backfill_program(
             if isinstance(settled, Failure):
                 raise settled.error
             fences = settled.fences
+            yield from cleanups(fences, {})
             # deleted meanwhile, or its sender or this receiver erased: removed
             gone = {p for p, key in enumerate(keys) if fences[key].deleted or receiver_id in settled.erased}
             present_now = set(result.present)

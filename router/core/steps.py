@@ -29,6 +29,7 @@ import attrs
 
 from ..errors import ClusterError
 from ..observe import Event
+from .live.push import Push
 
 __all__ = [
     "Aggregate",
@@ -43,6 +44,7 @@ __all__ = [
     "Insert",
     "InsertOutcome",
     "Program",
+    "Push",
     "Refresh",
     "Report",
     "Request",
@@ -264,7 +266,8 @@ class UpdateOutcome:
     modified: int
 
 
-Request: TypeAlias = Find | Count | Aggregate | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
+Request: TypeAlias = (Find | Count | Aggregate | Insert | Upserts | Delete | Update | Sleep | Concurrently | Refresh | Report
+                      | Push)
 #: A core operation: yields requests, receives answers, returns a value of type T.
 Program: TypeAlias = Generator[Request, Any, T]
 

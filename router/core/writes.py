@@ -38,6 +38,7 @@ from ..model import FeedItem
 from ..observe import Event
 from .checks import check_item
 from .layouts import ItemBatch, Layout, Writer, layout_for, posts
+from .live.push import PushItems
 from .nogc import cyclic_gc_paused
 from .policy import RetryPolicy, code_kind, deadline_in
 from .routing import PastHorizon, Routing, routed
@@ -371,6 +372,7 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
             first = min(cluster_failed)
             log.error("%d of %d items for cluster %s not written; items[%d]: %s", len(cluster_failed), share, name, first,
                       cluster_failed[first], extra={"cluster": name})
+    yield PushItems(items, ids, failed)  # live subscribers: what was stored (router.core.live)
     if failed:
         raise WriteFailed(failed, ids)
     return ids

@@ -45,6 +45,10 @@ EventName: TypeAlias = Literal[
     "fanout_copies",   # copies a fan-out batch accounted for: cluster, outcome; value = count
     "standby_ready",   # the scheduler found a standby ready (1) or not (0)
     "next_boundary",   # the scheduler's next period boundary; value = epoch seconds
+    "push",            # one live push to Redis: op, outcome (ok, timeout, unavailable, failed, skipped); value = seconds
+    "pushed",          # messages Redis handed to subscriber processes for pushes; value = count
+    "live_subscribers",  # a subscription opened (+1) or closed (-1)
+    "live_events",     # events handed to subscribers: outcome (item, updated, deleted, resync); value = count
 ]
 EVENTS: tuple[str, ...] = EventName.__args__  # type: ignore[attr-defined]
 

@@ -89,6 +89,14 @@ class PrometheusMetrics(Metrics):
                                    registry=reg)
         self.next_boundary = Gauge("feedrouter_next_boundary_timestamp_seconds", "The next period boundary",
                                    registry=reg)
+        self.pushes = Counter("feedrouter_pushes", "Live pushes to Redis, by outcome", ["op", "outcome"], registry=reg)
+        self.push_seconds = Histogram("feedrouter_push_seconds", "Latency of one live push", ["op"],
+                                      buckets=_LATENCY_BUCKETS, registry=reg)
+        self.pushed = Counter("feedrouter_pushed_messages", "Messages Redis handed to subscriber processes",
+                              registry=reg)
+        self.live_subscribers = Gauge("feedrouter_live_subscribers", "Live subscriptions open", registry=reg)
+        self.live_events = Counter("feedrouter_live_events", "Events handed to live subscribers, by kind",
+                                   ["outcome"], registry=reg)
 
     def record(self, event: Event) -> None:
         """Update the instrument *event* belongs to."""
@@ -122,3 +130,12 @@ class PrometheusMetrics(Metrics):
             self.standby_ready.set(value)
         elif name == "next_boundary":
             self.next_boundary.set(value)
+        elif name == "push":
+            self.pushes.labels(event.op, event.outcome).inc()
+            self.push_seconds.labels(event.op).observe(value)
+        elif name == "pushed":
+            self.pushed.inc(value)
+        elif name == "live_subscribers":
+            self.live_subscribers.inc(value)
+        elif name == "live_events":
+            self.live_events.labels(event.outcome).inc(value)

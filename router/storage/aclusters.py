@@ -27,13 +27,14 @@ from pymongo import AsyncMongoClient
 from ..config import ClusterConfig, Deployment, RouterConfig
 from ..core.metadata import load_timemap
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
+from ..core.steps import Concurrently, Program, Push, Refresh, Report, Request, Sleep
 from ..errors import RouterError
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing
 from ..timemap import TimeMap
 from .clients import Collections, Deployments, client_maker, secrets_of
 from .clusters import Clusters
+from .push import AsyncPublisher
 from .requests import (
     IO_REQUESTS, READS, IORequest, calls_for, expired, failed, late, observed, request_op, server_deadline, unknown,
 )
@@ -133,6 +134,8 @@ class AsyncClusters:
 
         #: The clients, one per deployment, shared by its clusters (see :mod:`router.storage.clients`).
         self.clients: Deployments[AsyncClient] = Deployments(client_maker(AsyncMongoClient, extra_options), self._let_go, idle_close=config.client_idle_close.total_seconds())
+        #: Where live pushes go (``push:`` in clusters.yaml), or None.
+        self.push = AsyncPublisher(config.push, metrics=metrics, tracing=tracing) if config.push is not None else None
         self._by_name: dict[str, AsyncCluster] = {}
         slots: dict[Deployment, asyncio.Semaphore] = {}
         for spec in config.clusters:
@@ -195,6 +198,8 @@ class AsyncClusters:
             if self._refresh is None:
                 return RouterError("no refresh is possible here")
             return await self._refresh()
+        if isinstance(request, Push):
+            return None if self.push is None else await self.push.send(request)
         raise TypeError(f"not a request: {request!r}")
 
     async def _concurrently(self, programs: Sequence[Program[Any]]) -> list[Any]:
@@ -219,4 +224,6 @@ class AsyncClusters:
     async def close(self) -> None:
         """Close every client."""
         closing = [*self._closing, *(c.close() for c in self.clients.drain())]
+        if self.push is not None:
+            closing.append(self.push.close())
         await asyncio.gather(*closing, return_exceptions=True)

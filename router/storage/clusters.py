@@ -35,7 +35,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from ..config import ClusterConfig, Deployment, RouterConfig
 from ..core.metadata import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
-from ..core.steps import Concurrently, Program, Refresh, Report, Request, Sleep
+from ..core.steps import Concurrently, Program, Push, Refresh, Report, Request, Sleep
 from ..errors import ClusterError, ClusterUnavailable, InvalidItem, RouterError
 from ..model import ClusterMeta
 from ..observe import NO_METRICS, Event, Metrics
@@ -45,6 +45,7 @@ from .capabilities import Capabilities
 from .clients import DEFAULT_OPTIONS, Collections, Deployments, client_maker, client_options, collection_names, secrets_of
 from . import finds
 from .errors import driver_error
+from .push import Publisher
 from .requests import IO_REQUESTS, IORequest, calls_for, failed, late, observed, request_op, unknown
 
 __all__ = [
@@ -243,6 +244,8 @@ class Clusters:
         self._worker = threading.local()  # .busy: this thread is running a sub-program on a pool
         #: The clients, one per deployment, shared by its clusters.
         self.clients = sync_deployments(config, extra_options, self._end_pools)
+        #: Where live pushes go (``push:`` in clusters.yaml), or None.
+        self.push = Publisher(config.push, metrics=metrics, tracing=tracing) if config.push is not None else None
         try:
             for spec in config.clusters:
                 self._by_name[spec.name] = Cluster(spec, config, clients=self.clients)
@@ -304,6 +307,8 @@ class Clusters:
             if self._refresh is None:
                 return RouterError("no refresh is possible here")
             return self._refresh()
+        if isinstance(request, Push):
+            return None if self.push is None else self.push.send(request)
         raise TypeError(f"not a request: {request!r}")
 
     def _concurrently(self, request: Concurrently) -> list[Any]:
@@ -440,6 +445,8 @@ class Clusters:
             pool.shutdown(wait=True, cancel_futures=True)
         for client in self.clients.drain():
             client.close()
+        if self.push is not None:
+            self.push.close()
 
     def __enter__(self) -> Clusters:
         return self

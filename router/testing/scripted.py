@@ -30,6 +30,7 @@ from ..core.steps import (
     Insert,
     InsertOutcome,
     Program,
+    Push,
     Refresh,
     Report,
     Sleep,
@@ -165,7 +166,7 @@ def _advance(thread: _Thread) -> None:
             thread.done, thread.error = True, exc
             return
         thread.started = True
-        if isinstance(request, (Report, Sleep)):
+        if isinstance(request, (Report, Sleep, Push)):  # (a live push is answered at once, as a driver does)
             thread.reply = None
         elif isinstance(request, Refresh):
             raise ValueError("ScriptedStore does not refresh a time map")

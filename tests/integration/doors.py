@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from router import AsyncFanOutHandle, AsyncFeedRouter, FanOutResult
+from router import AsyncFanOutHandle, AsyncFeedRouter, AsyncSubscription, FanOutResult, LiveEvent
 
 T = TypeVar("T")
 
@@ -87,6 +87,38 @@ class SyncFanouts:
         self._door._loop.run(self._door._router.fanouts.close(drain=drain))
 
 
+class SyncSubscription:
+    """An :class:`AsyncSubscription` with ``Subscription``'s synchronous methods (each wait runs on the router's loop)."""
+
+    def __init__(self, live: AsyncSubscription, loop: LoopThread) -> None:
+        self._live = live
+        self._loop = loop
+
+    cursor = property(lambda self: self._live.cursor)
+    receiver_id = property(lambda self: self._live.receiver_id)
+
+    def get(self, timeout: float | None = None) -> LiveEvent | None:
+        return self._loop.run(self._live.get(timeout))
+
+    def __iter__(self) -> SyncSubscription:
+        return self
+
+    def __next__(self) -> LiveEvent:
+        event = self.get()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def close(self) -> None:
+        self._loop.run(self._live.close())
+
+    def __enter__(self) -> SyncSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class AsyncDoor:
     """An :class:`AsyncFeedRouter` seen through ``FeedRouter``'s synchronous interface (for the contract suite)."""
 
@@ -110,6 +142,13 @@ class AsyncDoor:
     @property
     def fanouts(self) -> SyncFanouts:
         return SyncFanouts(self)
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> SyncSubscription:
+        """``subscribe`` called on the router's loop (it belongs there), its subscription waited on there."""
+        async def made() -> AsyncSubscription:
+            return self._router.subscribe(*args, **kwargs)
+
+        return SyncSubscription(self._loop.run(made()), self._loop)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._router, name)

@@ -3,7 +3,7 @@
 Blocks run page by page, in the order they appear, in one namespace per page (so a page can
 set up a router or a follower store once and use it in later blocks), from a temporary folder
 whose ``clusters.yaml`` names the three session servers with their periods registered and a
-local Redis as the Celery broker. A block that must not run is fenced with another language
+local Redis as the Celery broker and the live feeds' Redis. A block that must not run is fenced with another language
 (``sh``, ``yaml``, ``text``, ``js``); a fence with no language is refused, so no Python block
 hides from this test. Routers a page leaves open are closed after it.
 """
@@ -63,11 +63,13 @@ def broker() -> Iterator[LocalRedis]:
 
 
 def clusters_yaml(config: RouterConfig, servers: LocalClusters, broker: LocalRedis) -> str:
-    """The clusters.yaml of *config* (this test's database on the session's servers), with the broker."""
+    """The clusters.yaml of *config* (this test's database on the session's servers), with the broker, which also
+    carries the live feeds' pushes (under a prefix of this database's)."""
     return yaml.safe_dump({
         "database": config.database,
         "clusters": [{"name": spec.name, "uri": uri} for spec, uri in zip(config.clusters, servers.uris)],
         "celery": {"broker": broker.url},
+        "push": {"redis": broker.url, "prefix": config.database},
     }, sort_keys=False)
 
 

@@ -73,7 +73,7 @@ clusters:
   - uri: mongodb://h:3
 """
     assert problems(text) == [
-        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clients, clusters, collections, database, erasure, fanout, read, read_window, refresh_interval, rollover, timeout, write)",
+        "clusters.yaml:2:1: colections: unknown key (expected one of: celery, clients, clusters, collections, database, erasure, fanout, push, read, read_window, refresh_interval, rollover, timeout, write)",
         "clusters.yaml:3:25: read_window.clusters: must be at least 1 (got 0)",
         "clusters.yaml:3:37: read_window.max_age: must be a positive duration like 90d, 12h, 4w (got '12x')",
         "clusters.yaml:4:21: write.batch_size: must be an integer (got 'many')",
@@ -419,7 +419,8 @@ def test_the_database_in_the_uri_path_is_the_periods_database() -> None:
 
 def test_the_example_of_the_clusters_yaml_page_is_a_valid_file() -> None:
     """docs/operating/clusters-yaml.md's example loads as it reads: three clusters (two on one deployment, in their
-    own databases), the rollover standby, the Celery broker and the erasure key, secrets from the environment."""
+    own databases), the rollover standby, the Celery broker, the live feeds' Redis and the erasure key, secrets from
+    the environment."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "operating" / "clusters-yaml.md").read_text()
     example = page.split("```yaml\n", 1)[1].split("```", 1)[0]
     env = {"FEED_DB_PASSWORD": "db-secret", "FEED_ERASURE_KEY": "e" * 32, "REDIS_PASSWORD": "broker-secret"}
@@ -428,3 +429,28 @@ def test_the_example_of_the_clusters_yaml_page_is_a_valid_file() -> None:
     assert config.clusters[2].database == "feed_2027_02" and config.rollover is not None
     assert config.rollover.standby == ("cluster_5",) and config.celery is not None
     assert config.celery.broker.startswith("redis://") and "secret" not in repr(config)
+    assert config.push is not None and config.push.timeout.total_seconds() == 0.1
+    assert config.push.display_redis == "redis://:***@redis.example:6379/0" and "broker-secret" in config.push.redis
+
+
+def test_the_push_section() -> None:
+    """push: the Redis URL (its password from the environment, never shown), the defaults, and every bad field at once."""
+    config = parse_config("clusters: [{name: a, uri: 'mongodb://h:1'}]\npush: {redis: 'redis://:${PW}@r:6379/1'}\n",
+                          env={"PW": "s3cret"})
+    assert config.push is not None and config.push.redis == "redis://:s3cret@r:6379/1"
+    assert (config.push.prefix, config.push.presence_ttl.total_seconds(), config.push.queue, config.push.catch_up,
+            config.push.timeout.total_seconds()) == ("feedrouter", 30, 1000, 1000, 0.1)
+    assert "s3cret" not in repr(config)
+    text = ("clusters: [{name: a, uri: 'mongodb://h:1'}]\npush: {redis: 'http://u:pw@x', prefix: 'a b', queue: 0,\n"
+            "  catch_up: 20000, presence_ttl: 1s, timeout: soon, extra: 1}\n")
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    message = str(info.value)
+    for expected in ("push.redis: must be a redis://, rediss:// or unix:// URL (got 'http://u:***@x')",
+                     "push.prefix: must be 1-64 letters", "push.queue: must be at least 1 (got 0)",
+                     "push.catch_up: must be at most 10000 (got 20000)", "push.presence_ttl: must be at least 3s",
+                     "push.timeout: must be a positive duration", "push.extra: unknown key"):
+        assert expected in message, message
+    assert "pw" not in message.replace("push", "")
+    with pytest.raises(ConfigError, match="push.redis: is required"):
+        parse_config("clusters: [{name: a, uri: 'mongodb://h:1'}]\npush: {prefix: x}\n")

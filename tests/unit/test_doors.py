@@ -14,11 +14,11 @@ from router import AsyncFeedRouter, FeedRouter
 
 #: Members that exist on one door only, by design: the async door must be started.
 ONLY_ASYNC = {"start"}
-#: Plain (not coroutine) methods on both doors: no I/O.
-PLAIN = {"prepare"}
+#: Plain (not coroutine) methods on both doors: no I/O (``subscribe`` checks its arguments; its first wait subscribes).
+PLAIN = {"prepare", "subscribe"}
 #: What the async door calls the sync door's types (the rest of an annotation must read the same).
 ASYNC_NAMES = {"AsyncFeedRouter": "FeedRouter", "AsyncFanOutHandle": "FanOutHandle", "AsyncClusters": "Clusters",
-               "AsyncFanOutExecutor": "FanOutExecutor"}
+               "AsyncFanOutExecutor": "FanOutExecutor", "AsyncSubscription": "Subscription"}
 
 
 def public(cls: type) -> dict[str, object]:
@@ -125,3 +125,21 @@ def test_async_door_operations_are_coroutines() -> None:
         if isinstance(member, (property, classmethod)) or name in PLAIN:
             continue
         assert inspect.iscoroutinefunction(member), name
+
+
+def test_the_subscriptions_are_twins() -> None:
+    """Subscription and AsyncSubscription (the twin pair subscribe returns): the same public members, parameters and
+    docstrings (the async one's waits awaited), the async one's waits coroutines."""
+    from router import AsyncSubscription, Subscription
+
+    sync_members, async_members = public(Subscription), public(AsyncSubscription)
+    assert set(sync_members) == set(async_members)
+    for name, member in sync_members.items():
+        other = async_members[name]
+        if isinstance(member, property):
+            assert isinstance(other, property), name
+            continue
+        assert ([(p.name, p.kind, p.default) for p in inspect.signature(member).parameters.values()]  # type: ignore[arg-type]
+                == [(p.name, p.kind, p.default) for p in inspect.signature(other).parameters.values()]), name  # type: ignore[arg-type]
+        assert inspect.iscoroutinefunction(other), name
+        assert unawaited(inspect.getdoc(other) or "").startswith(inspect.getdoc(member) or "-"), name

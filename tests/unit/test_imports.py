@@ -117,11 +117,12 @@ def test_config_does_not_import_the_core() -> None:
 
 
 def test_the_core_imports_no_database_client() -> None:
-    """The core is I/O-free: no module of router.core imports pymongo (or motor)."""
+    """The core is I/O-free: no module of router.core imports pymongo (or motor), nor redis (live feeds' I/O is in
+    router.storage.push and router.live)."""
     for module, path in MODULES.items():
         if module.startswith("router.core"):
             clients = {t for t in _imports(ast.parse(path.read_text()), module, path.name == "__init__.py")
-                       if t.split(".")[0] in ("pymongo", "motor")}
+                       if t.split(".")[0] in ("pymongo", "motor", "redis")}
             assert not clients, f"{module} imports {sorted(clients)}"
 
 

@@ -66,6 +66,10 @@ OTHER_DOCUMENTS = {
     "core/checkpoint.py": ({"_id", "data_key", "event_time"}, "fan-out checkpoints and batch records"),
     "core/erasure.py": ({"_id"}, "erasure records"),
     "core/jobs.py": ({"sender_id", "type", "data", "data_key"}, "a Celery task's JSON (the activity)"),
+    "core/live/push.py": ({"_id", "receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
+                          "live messages on Redis (an item as a page shows it)"),
+    "core/live/stream.py": ({"_id", "receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
+                            "live messages on Redis (an item as a page shows it)"),
     "core/metadata.py": ({"_id"}, "metadata documents"),
     "model.py": ({"_id"}, "metadata documents (ClusterMeta.to_document)"),
     "storage/clusters.py": ({"_id"}, "metadata documents"),
@@ -73,6 +77,9 @@ OTHER_DOCUMENTS = {
     "admin/rollover.py": ({"_id"}, "the rollover lock"),
     "admin/migrate.py": ({"_id"}, "migration records, metadata documents"),
     "cli/__init__.py": ({"receiver_id", "event_time"}, "the CLI's --json output"),
+    "cli/tail.py": ({"receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
+                    "tail's --json output (an item as a page shows it)"),
+    "live/hub.py": ({"type", "data"}, "redis-py's pub/sub messages"),
     "testing/scripted.py": ({"_id"}, "the scripted store, which plays the server"),
 }
 

@@ -22,23 +22,24 @@ A missing key field groups as ``None`` (``$ifNull``), as :meth:`GroupBy.values_o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import attrs
-from bson import ObjectId
+from bson import Decimal128, ObjectId
 
 from ...cursor import Position
 from ...model import FeedItem
-from ..groups import canonical
 from ..steps import Aggregate, Failure, Program
 from . import outbox
 from .base import Layout
 from .queries import newer_than
 from .values import Copy, Post
 
-__all__ = ["Newest", "Summary", "at_or_below", "copy_match", "through", "newest_actor_rows", "newest_actors", "pulled_copies",
+__all__ = ["Newest", "Summary", "at_or_below", "canonical", "copy_match", "through", "newest_actor_rows", "newest_actors", "pulled_copies",
            "pulled_items", "pulled_posts", "summaries", "summary_rows", "unseen", "unseen_outbox", "unseen_rows"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -47,13 +48,49 @@ Values = tuple[Any, ...]
 _ROUTER_FIELDS = ("type", "sender_id", "data_key")
 
 
+_INT64 = 2**63
+
+
+def canonical(value: Any) -> Any:
+    """A key field's value as it names its group, whatever BSON type carried it.
+
+    The servers group numbers by value (``5``, ``5.0``, ``Int64(5)`` and ``Decimal128("5.0")`` are
+    one group), booleans apart from numbers, lists and documents element by element. So a whole
+    number that fits 64 bits is an ``int``, another number a ``float`` when one holds it exactly
+    (else a normalised ``Decimal128``), and lists and documents hold canonical elements: a group's
+    ``values`` and ``key`` do not depend on which of its items the server read first.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):  # int and Int64
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and -_INT64 <= value < _INT64 else value
+    if isinstance(value, Decimal128):
+        number = value.to_decimal()
+        if number.is_nan():
+            return math.nan
+        if number.is_infinite():
+            return math.inf if number > 0 else -math.inf
+        if number == number.to_integral_value() and -_INT64 <= number < _INT64:
+            return int(number)
+        if Decimal(float(number)) == number:
+            return float(number)
+        return Decimal128(number.normalize())
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: canonical(v) for k, v in value.items()}
+    return value
+
+
 def _key(fields: Sequence[str]) -> dict[str, Any]:
     """The ``_id`` expression of ``$group``: the key's values in object form, a missing one as ``None``."""
     return {f"k{i}": {"$ifNull": [f"${f}", None]} for i, f in enumerate(fields)}
 
 
 def _values(row_id: Mapping[str, Any], fields: Sequence[str]) -> Values:
-    """A group's values as a row names them, :func:`~router.core.groups.canonical` (the server shows one of the
+    """A group's values as a row names them, :func:`canonical` (the server shows one of the
     values it grouped together: 5 or 5.0)."""
     return tuple(canonical(row_id.get(f"k{i}")) for i in range(len(fields)))
 
