@@ -77,7 +77,7 @@ def refused_everywhere(router: AsyncFeedRouter, run: Callable[[Coroutine[Any, An
 
 
 @pytest.fixture
-def config(make_config: Callable[..., RouterConfig]) -> RouterConfig:
+def config(registered_database: None, make_config: Callable[..., RouterConfig]) -> RouterConfig:
     made = make_config()
     register(made)
     return made
