@@ -181,8 +181,9 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
 @MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
-    """The same fan-out run twice at once (two threads): every copy stored once, acknowledged once."""
-    n = 50_000
+    """The same fan-out run twice at once (two threads, three batches in flight each, over 20 batches): every copy
+    stored once, acknowledged once."""
+    n = 20_000
     act = activity(3)
     results: list[FanOutResult] = []
     failures: list[BaseException] = []
