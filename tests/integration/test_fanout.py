@@ -259,11 +259,11 @@ def test_resume_with_another_batch_size_is_refused(router: FeedRouter) -> None:
 def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A background job shows its progress growing while it runs, then completes.
 
-    The receiver stream pauses at 10k and at 20k until the test has seen the progress, so the
+    The receiver stream pauses at 3k and at 6k until the test has seen the progress, so the
     two observations are of a running job, whatever the machine's speed.
     """
-    n = 40_000
-    gates = {10_000: threading.Event(), 20_000: threading.Event()}
+    n = 9_000
+    gates = {3_000: threading.Event(), 6_000: threading.Event()}
 
     def receivers() -> Iterator[int]:
         for i in range(n):
@@ -282,12 +282,12 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
     executor = router.fanouts
     handle = router.fan_out(activity(), receivers(), background=True)
     assert handle.cluster == OWNER and executor.pending == (handle,)
-    first = progress_reaches(10_000)  # at the first gate: every batch before it finishes
-    gates[10_000].set()
-    second = progress_reaches(20_000)
-    gates[20_000].set()
+    first = progress_reaches(3_000)  # at the first gate: every batch before it finishes
+    gates[3_000].set()
+    second = progress_reaches(6_000)
+    gates[6_000].set()
     result = handle.result(timeout=120)
-    assert (first, second) == (10_000, 20_000)
+    assert (first, second) == (3_000, 6_000)
     assert result.ok and result.written == n and handle.done()
     assert handle.progress.written == n and handle.progress.batches == result.batches == n // 1000
     assert executor.pending == ()
