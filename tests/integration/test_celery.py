@@ -233,7 +233,8 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., list[WorkerProcess]]]:
 
 
 @pytest.fixture
-def publisher(make_config: Callable[..., RouterConfig]) -> Iterator[tuple[RouterConfig, FeedRouter]]:
+def publisher(registered_database: None,
+              make_config: Callable[..., RouterConfig]) -> Iterator[tuple[RouterConfig, FeedRouter]]:
     """The test's config (three periods registered) and a FeedRouter to publish with."""
     config = make_config(timeout=timedelta(seconds=5), serverSelectionTimeoutMS=1000)
     register(config)
