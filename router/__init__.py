@@ -17,13 +17,10 @@ import logging
 
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
-from .core.fanout import JobStatus
-from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus
-from .core.privacy import ExportProgress
-from .core.notify import Group, GroupBy, GroupPage, UnseenGroups
-from .core.notify import Unseen
+from .core.fanout import FanOutProgress, FanOutResult, JobStatus
+from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus, ExportProgress
+from .core.notify import Group, GroupBy, GroupPage, Unseen, UnseenGroups
 from .core.social import BackfillResult, PublishResult
-from .core.fanout import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
     ClusterError,

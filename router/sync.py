@@ -24,16 +24,12 @@ from bson import ObjectId
 
 from .config import RouterConfig, load_config
 from .core import calls
-from .core.fanout import JobStatus
-from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus
-from .core.privacy import ExportProgress
-from .core.fanout import FanOutJob
+from .core.fanout import FanOutJob, FanOutResult, JobStatus
+from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus, ExportProgress
 from .core.periods import Routing
-from .core.notify import Group, GroupBy, GroupPage, UnseenGroups
-from .core.notify import Unseen
+from .core.notify import Group, GroupBy, GroupPage, Unseen, UnseenGroups
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult
-from .core.fanout import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
 from .errors import WriteFailed

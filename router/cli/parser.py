@@ -11,8 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
-from ..core.notify import MAX_GROUP_PAGE, GroupBy
-from ..core.notify import MAX_CAP
+from ..core.notify import GroupBy, MAX_CAP, MAX_GROUP_PAGE
 from ..errors import InvalidItem
 from ..model import TEXT_RULE, is_id, is_text
 

@@ -25,8 +25,7 @@ import threading
 import time
 from typing import TextIO
 
-from ..core.privacy import ErasureProgress
-from ..core.privacy import STREAMS, ExportProgress
+from ..core.privacy import ErasureProgress, ExportProgress, STREAMS
 
 __all__ = ["Progress"]
 

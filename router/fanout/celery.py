@@ -83,10 +83,10 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.writes import receiver_problem
-from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
-from ..core.writes import NEVER, FenceMemo
-from ..core.fanout import NEXT_BATCH, Send, Step, drive, run_loop
+from ..core.writes import FenceMemo, NEVER, receiver_problem
+from ..core.fanout import (
+    BatchOutcome, FanOutJob, NEXT_BATCH, Send, Step, batch_program, batches, drive, receiver_stream, run_loop,
+)
 from ..core.settings import Settings
 from ..errors import ClusterError, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity

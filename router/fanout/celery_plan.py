@@ -33,12 +33,10 @@ from typing import Any
 
 import attrs
 
-from ..core.fanout import announce_batch, finish_checkpoint, open_checkpoint, start_job
+from ..core.fanout import FanOutJob, SKIP, announce_batch, finish_checkpoint, open_checkpoint, start_job
 from ..core.writes import receiver_problem
-from ..core.fanout import FanOutJob
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.fanout import SKIP
 from ..core.steps import Program
 from ..errors import InvalidItem
 from ..model import identity, is_id

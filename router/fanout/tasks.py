@@ -21,11 +21,12 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import Any
 
-from ..core.fanout import FanOutJob, positive_int, receiver_stream
+from ..core.fanout import (
+    FREE_SLOT, FanOutJob, FanOutResult, NEXT_BATCH, RELEASE, RunState, Send, Step, positive_int, receiver_stream,
+    run_loop,
+)
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.fanout import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, run_loop
-from ..core.fanout import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
 from ..storage.aclusters import AsyncClusters

@@ -23,11 +23,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..core.fanout import FanOutJob, batches, positive_int, receiver_stream
+from ..core.fanout import (
+    FREE_SLOT, FanOutJob, FanOutResult, NEXT_BATCH, RELEASE, RunState, Send, Step, batches, drive, positive_int,
+    receiver_stream, run_loop,
+)
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.fanout import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
-from ..core.fanout import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
 from ..storage.clusters import Clusters
