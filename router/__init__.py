@@ -17,13 +17,10 @@ import logging
 
 from .aio import AsyncFeedRouter
 from .config import ClusterConfig, RouterConfig, load_config, parse_config
-from .core.checkpoint import JobStatus
-from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
-from .core.export import ExportProgress
-from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
-from .core.seen import Unseen
+from .core.fanout import FanOutProgress, FanOutResult, JobStatus
+from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus, ExportProgress
+from .core.notify import Group, GroupBy, GroupPage, Unseen, UnseenGroups
 from .core.social import BackfillResult, PublishResult
-from .core.tally import FanOutProgress, FanOutResult
 from .cursor import Position
 from .errors import (
     ClusterError,

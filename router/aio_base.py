@@ -12,11 +12,10 @@ from typing import Any, TypeVar
 
 from .config import RouterConfig
 from .core import calls
-from .core.fanout import FanOutJob
-from .core.routing import Routing
+from .core.fanout import FanOutJob, FanOutResult
+from .core.periods import Routing
 from .core.settings import Settings
 from .core.steps import Program
-from .core.tally import FanOutResult
 from .errors import RouterClosed, RouterError, WrongEventLoop
 from .fanout.tasks import AsyncFanOutExecutor, AsyncFanOutHandle, AsyncFanOutRun, Receivers
 from .observe import Event, Observer

@@ -81,6 +81,10 @@ _DURATION = re.compile(r"^\s*(\d+)\s*(ms|[smhdw])\s*$")
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 #: The database of every cluster that names none, when the file names none either.
 DEFAULT_DATABASE = "feed"
+#: ``write.batch_size``'s default: documents per insert of ``write``/``write_many``, and receivers per fan-out batch.
+#: Larger batches (up to 25,000, the most FerretDB 2 takes in one command) measured no faster, and make each request
+#: longer: docs/performance.md, "Write batches".
+WRITE_BATCH_SIZE = 1000
 #: What identifies a deployment: its URI and driver options as the driver parses them
 #: (:func:`~router.uris.deployment_identity`); it holds the password, so it is never shown.
 Deployment = tuple[Hashable, ...]
@@ -190,7 +194,7 @@ class RouterConfig:
     feed_collection: str = "feed"
     metadata_collection: str = "metadata"
     read_window: ReadWindow = attrs.field(factory=ReadWindow)
-    batch_size: int = 1000
+    batch_size: int = WRITE_BATCH_SIZE
     write_retries: int = 2
     retry_backoff: timedelta = timedelta(milliseconds=100)
     on_unavailable: str = "raise"

@@ -367,7 +367,7 @@ class InvalidBatch(InvalidItem):
 class ItemDeleted(RouterError):
     """Raised when a fan-out, publish or resume meets a ``data_key`` that was deleted: a deleted post stays deleted.
 
-    ``delete(data_key)`` leaves a tombstone (:mod:`router.core.fence`) that every
+    ``delete(data_key)`` leaves a tombstone (:mod:`router.core.writes.fence`) that every
     fan-out batch, backfill and Celery worker checks, so no copy outlives the delete.
     ``data_key`` names the post; ``result`` is the :class:`~router.fanout.FanOutResult`
     of a run the delete stopped (``cancelled``), else None. Publish the post under a new

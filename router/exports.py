@@ -1,6 +1,6 @@
 """The files of ``export_user``: one JSON Lines file per stream, and a manifest with each file's SHA-256.
 
-:class:`ExportFolder` is the :class:`~router.core.export.Sink` the doors give the export
+:class:`ExportFolder` is the :class:`~router.core.privacy.export.Sink` the doors give the export
 program. Each record becomes one line of JSON as it arrives (held in memory only as long
 as the file's write buffer), and is hashed on the way; a file is written under a
 ``.partial`` name and renamed when the export has finished, then ``manifest.json`` is
@@ -14,8 +14,8 @@ written last, so a folder with a manifest holds a complete export::
                           "files": {"sent.jsonl": {"records": 3, "bytes": 512, "sha256": "..."}, ...}}
 
 A record is the value the export read, field by field (an :class:`~router.model.Activity`
-sent, a :class:`~router.model.FeedItem` received, a :class:`~router.core.seen.Marker`, a
-:class:`~router.core.seen.ReadMark`), then its ``period``: the export names no stored field
+sent, a :class:`~router.model.FeedItem` received, a :class:`~router.core.notify.seen.Marker`, a
+:class:`~router.core.notify.seen.ReadMark`), then its ``period``: the export names no stored field
 of its own.
 
 Every line is JSON (RFC 8259). Values JSON has no type for are written as strings: times in
@@ -46,7 +46,7 @@ from typing import IO, Any
 import attrs
 from bson import ObjectId, json_util
 
-from .core.export import STREAMS, ExportProgress, ExportSummary
+from .core.privacy import STREAMS, ExportProgress, ExportSummary
 from .errors import InvalidItem
 
 __all__ = ["FORMAT", "MANIFEST", "ExportFolder", "ExportResult", "ExportedFile"]

@@ -20,6 +20,7 @@ same string ``mmh3.hash_bytes`` gives in Python and Guava's
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Sequence
 from datetime import datetime
@@ -37,6 +38,8 @@ _lock = threading.Lock()
 _random_part = 0  # the 5 random bytes, shifted into place (bits 24..63)
 _counter = 0
 _new_oid = ObjectId.__new__
+#: An id's 12 bytes from its second and its last 8 bytes (cheaper than one 96-bit int's ``to_bytes``: ~30 ns an id).
+_pack_id = struct.Struct(">IQ").pack
 
 
 def _reseed() -> None:
@@ -68,10 +71,8 @@ def make_ids(seconds: Sequence[int]) -> list[ObjectId]:
         _counter = (start + n) & _COUNTER_MASK
         rand = _random_part
     wrap = _wrap
-    return [
-        wrap(((sec << 64) | rand | ((start + i) & _COUNTER_MASK)).to_bytes(12, "big"))
-        for i, sec in enumerate(seconds)
-    ]
+    pack = _pack_id
+    return [wrap(pack(sec, rand | ((start + i) & _COUNTER_MASK))) for i, sec in enumerate(seconds)]
 
 
 def event_seconds(event_time: datetime) -> int:
@@ -121,7 +122,12 @@ def data_key(kind: str, object_id: object) -> str:
     if type(kind) is not str or not kind:
         if not (isinstance(kind, str) and kind):
             raise InvalidItem("kind", f"must be a non-empty str (got {kind!r})")
-    return mmh3.hash_bytes(_utf8(f"{kind}_{object_id}", "object_id")).hex()
+    text = f"{kind}_{object_id}"
+    try:  # (inline, not _utf8: a call less per key, on the write path's callers)
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = _utf8(text, "object_id")  # raises, naming the field
+    return mmh3.hash_bytes(raw).hex()
 
 
 # -- fan-out copy ids ---------------------------------------------------------------------

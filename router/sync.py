@@ -24,16 +24,12 @@ from bson import ObjectId
 
 from .config import RouterConfig, load_config
 from .core import calls
-from .core.checkpoint import JobStatus
-from .core.erasure import ErasureProgress, ErasureResult, ErasureStatus
-from .core.export import ExportProgress
-from .core.fanout import FanOutJob
-from .core.routing import Routing
-from .core.groups import Group, GroupBy, GroupPage, UnseenGroups
-from .core.seen import Unseen
+from .core.fanout import FanOutJob, FanOutResult, JobStatus
+from .core.privacy import ErasureProgress, ErasureResult, ErasureStatus, ExportProgress
+from .core.periods import Routing
+from .core.notify import Group, GroupBy, GroupPage, Unseen, UnseenGroups
 from .core.settings import Settings
 from .core.social import BackfillResult, PublishResult
-from .core.tally import FanOutResult
 from .core.writes import Prepared, prepare_or_stale
 from .cursor import Position
 from .errors import WriteFailed
@@ -321,7 +317,7 @@ class FeedRouter(LiveDoor):
         """Store *activity* in its author's outbox, then push it to the (active) followers or, for a pulled author, not.
 
         ``pull=True``/``False`` decides; else ``fanout.pull_threshold`` applied to the
-        follower count (see :mod:`router.core.social`). The push is :meth:`fan_out`
+        follower count (see :mod:`router.core.social.publish`). The push is :meth:`fan_out`
         (``background=True`` puts its handle in ``result.handle``). Raises what
         :meth:`fan_out` raises; the outbox entry stays if the push fails, and publishing
         again is safe.
@@ -423,7 +419,7 @@ class FeedRouter(LiveDoor):
         backfill and publish reads after writing, so nothing still running leaves a copy.
         Raises :class:`ErasureFailed` when a cluster did not finish: call it again.
 
-        *progress*, when given, is called with an :class:`~router.core.erasure.ErasureProgress` (a cluster, the
+        *progress*, when given, is called with an :class:`~router.core.privacy.erasure.ErasureProgress` (a cluster, the
         documents removed there so far, finished or not) after every statement that removed something and once per
         cluster at the end, from whatever runs that cluster's share: keep it quick. ``feedrouter erase`` shows it on a
         terminal.
@@ -461,7 +457,7 @@ class FeedRouter(LiveDoor):
         :class:`ClusterUnavailable` when a cluster cannot be read (the partial files are
         removed).
 
-        *progress*, when given, is called with an :class:`~router.core.export.ExportProgress` (the stream, the period
+        *progress*, when given, is called with an :class:`~router.core.privacy.export.ExportProgress` (the stream, the period
         it reads, the stream's records so far) after every record written: keep it quick. ``feedrouter export`` shows
         it on a terminal.
         """

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from .config import RouterConfig
 from .core import calls
-from .core.routing import Routing
+from .core.periods import Routing
 from .core.settings import Settings
 from .core.steps import Program
 from .errors import RouterClosed, RouterError

@@ -1,5 +1,6 @@
 """Suite-wide rules: under CI=true a skipped test fails the run, so storage tests can never be skipped silently;
-the summary names the servers the storage tests ran on; property tests have no per-example time limit."""
+the summary names the servers the storage tests ran on (under pytest-xdist, what each worker's servers were);
+property tests have no per-example time limit."""
 
 from __future__ import annotations
 
@@ -25,7 +26,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """With CI=true, turn any skip into a failed run and say which tests were skipped."""
+    """With CI=true, turn any skip into a failed run and say which tests were skipped (an xdist worker hands what served
+    its storage tests to the controller instead, which sees every report)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        served_by = session.config.stash.get(SERVED_BY, None)
+        if served_by is not None:
+            workeroutput["served_by"] = served_by
+        return
     if os.environ.get("CI", "").lower() in ("1", "true", "yes") and _skipped:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
@@ -33,6 +41,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             for nodeid in _skipped:
                 reporter.write_line(f"  {nodeid}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """Under pytest-xdist: keep what served a finished worker's storage tests, for the summary."""
+    config: pytest.Config = getattr(node, "config")
+    served_by = getattr(node, "workeroutput", {}).get("served_by")
+    if served_by is not None:
+        known = config.stash.get(SERVED_BY, None)
+        config.stash[SERVED_BY] = served_by if known in (None, served_by) else f"{known}; {served_by}"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

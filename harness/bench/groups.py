@@ -30,7 +30,7 @@ import attrs
 from pymongo import MongoClient, monitoring
 from pymongo.errors import PyMongoError
 
-from router.core.groups import ACTORS_COUNTED
+from router.core.notify.groups import ACTORS_COUNTED
 from router.errors import GroupsUnsupported
 from router.ids import data_key
 from router.model import FeedItem

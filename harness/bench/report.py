@@ -41,7 +41,7 @@ from .sparse import SIZES as SPARSE_SIZES
 from .sparse import SMALL_SIZES as SMALL_SPARSE_SIZES
 from .sparse import bench_sparse
 from .workers import bench_celery_scaling
-from .writes import bench_cpu, bench_handwritten, bench_writes
+from .writes import bench_cpu, bench_handwritten, bench_write_again, bench_write_batches, bench_writes
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,8 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
         steps: list[tuple[str, Callable[[], Result | list[Result]]]] = [
             ("cpu_ratio", lambda: bench_cpu(s.cpu, s.reps)),
             ("write_ratio", lambda: bench_writes(servers, s.writes, s.reps)),
+            ("write_again_ratio", lambda: bench_write_again(servers, s.writes, s.reps)),
+            ("write_batches", lambda: bench_write_batches(servers, s.writes, s.reps)),
             ("handwritten_ratio", lambda: bench_handwritten(servers, s.writes, s.reps)),
             ("commands_per_page", lambda: bench_pages(servers)),
             ("read_ratio", lambda: bench_read(servers, s.reps, s.reads)),

@@ -41,7 +41,8 @@ import attrs
 import pymongo
 from pymongo.errors import PyMongoError
 
-from ..core import checkpoint, seen
+from ..core.fanout import checkpoint
+from ..core.notify import seen
 from ..core.layouts import DEFAULT, LAYOUTS, outbox
 from ..errors import PeriodChangeRefused
 from ..model import ClusterMeta, to_utc
@@ -83,8 +84,8 @@ class PeriodChange:
 
 
 #: The collections besides the feed whose documents live in the cluster that owns their ``event_time``: pulled
-#: posts (``outbox``), seen markers (``seen``, :mod:`router.core.seen`) and fan-out jobs (``fanouts``); the read
-#: marks of groups in ``seen`` are placed by their ``read_time`` (:func:`~router.core.seen.outside`). The
+#: posts (``outbox``), seen markers (``seen``, :mod:`router.core.notify.seen`) and fan-out jobs (``fanouts``); the read
+#: marks of groups in ``seen`` are placed by their ``read_time`` (:func:`~router.core.notify.seen.outside`). The
 #: feed is counted by its layout. Every close and every new period counts them all: a seen marker left past its
 #: cluster's end would be read as the receiver's marker while newer clusters' items counted as unseen, and a new mark
 #: there would move it backwards; a read mark there would be looked for in another cluster; a pulled post there

@@ -15,7 +15,7 @@ from ..errors import ClusterError, InvalidItem
 from ..model import ClusterMeta
 from ..storage.clusters import Cluster, Clusters
 from ..timemap import TimeMap
-from ..core.erasure import ErasureRecord, unsettled
+from ..core.privacy import ErasureRecord, unsettled
 from ..core.layouts import DEFAULT
 from ..storage import finds
 from .migrate import applied_migrations, discover
@@ -66,7 +66,7 @@ def check_report(config: RouterConfig) -> tuple[dict[str, Any], TimeMap | None]:
 def unfinished_erasures(cluster: Cluster) -> list[str]:
     """A problem for each erasure record of *cluster* still ``running`` that no ``done`` erasure of the same user,
     requested at or after it, settles (an ``erase_user`` that stopped part-way and was not called again:
-    :func:`~router.core.erasure.unsettled`)."""
+    :func:`~router.core.privacy.erasure.unsettled`)."""
     records = cluster.db["erasures"]
     running = cluster.call("reading erasure records", lambda: finds.read(records, {"state": "running"}))
     if not running:

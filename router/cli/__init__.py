@@ -26,9 +26,9 @@ from ..admin.scrape import ClusterStats, scrape
 from ..admin.status import check_report, status_rows
 from ..storage.capabilities import Capabilities
 from ..config import RouterConfig, load_config
-from ..core.checkpoint import JobStatus
-from ..core.erasure import COUNTED
-from ..core.groups import DEFAULT_GROUP_BY
+from ..core.fanout import JobStatus
+from ..core.privacy import COUNTED
+from ..core.notify import DEFAULT_GROUP_BY
 from ..errors import ClusterError, ConfigError, InvalidItem, RouterError
 from ..storage.clusters import Clusters
 from ..timemap import format_period

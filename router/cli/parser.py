@@ -11,8 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
-from ..core.groups import MAX_GROUP_PAGE, GroupBy
-from ..core.seen import MAX_CAP
+from ..core.notify import GroupBy, MAX_CAP, MAX_GROUP_PAGE
 from ..errors import InvalidItem
 from ..model import TEXT_RULE, is_id, is_text
 
@@ -262,7 +261,7 @@ def _requester(text: str) -> str:
 
 
 def _cap(text: str) -> int:
-    """``unseen --cap``: an int from 1 to :data:`~router.core.seen.MAX_CAP`."""
+    """``unseen --cap``: an int from 1 to :data:`~router.core.notify.seen.MAX_CAP`."""
     value = int(text) if _INT.fullmatch(text) else None
     if value is None or not 1 <= value <= MAX_CAP:
         raise argparse.ArgumentTypeError(f"must be an int from 1 to {MAX_CAP} (got {text if value is not None else repr(text)})")
@@ -270,7 +269,7 @@ def _cap(text: str) -> int:
 
 
 def _group_by(text: str) -> GroupBy:
-    """``groups --key``: a :class:`~router.core.groups.GroupBy` as text."""
+    """``groups --key``: a :class:`~router.core.notify.groups.GroupBy` as text."""
     try:
         return GroupBy.parse(text)
     except InvalidItem as exc:
@@ -278,7 +277,7 @@ def _group_by(text: str) -> GroupBy:
 
 
 def _group_limit(text: str) -> int:
-    """``groups --limit``: an int from 1 to :data:`~router.core.groups.MAX_GROUP_PAGE`."""
+    """``groups --limit``: an int from 1 to :data:`~router.core.notify.groups.MAX_GROUP_PAGE`."""
     value = int(text) if _INT.fullmatch(text) else None
     if value is None or not 1 <= value <= MAX_GROUP_PAGE:
         raise argparse.ArgumentTypeError(f"must be an int from 1 to {MAX_GROUP_PAGE} (got {text if value is not None else repr(text)})")

@@ -25,8 +25,7 @@ import threading
 import time
 from typing import TextIO
 
-from ..core.erasure import ErasureProgress
-from ..core.export import STREAMS, ExportProgress
+from ..core.privacy import ErasureProgress, ExportProgress, STREAMS
 
 __all__ = ["Progress"]
 

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from ..config import RouterConfig
-from ..core.live.stream import DeletedItem, LiveEvent, NewItem, Resync, UpdatedItem
+from ..core.live import DeletedItem, LiveEvent, NewItem, Resync, UpdatedItem
 from ..errors import InvalidCursor, InvalidItem, PushNotConfigured
 
 __all__ = ["line", "run_tail"]

@@ -4,15 +4,17 @@ Programs (generators, see :mod:`router.core.steps`) yield the requests to send a
 the answers back; the two front doors only carry the requests out. No module here
 imports a database client: ``bson`` values only.
 
+The kernel, which every concern may use:
+
 * :mod:`~router.core.steps`: the requests and answers between core and drivers;
 * :mod:`~router.core.policy`: error codes, retry policy, deadlines;
-* :mod:`~router.core.routing`: the chooser and the horizon rule;
-* :mod:`~router.core.checks`: the input rules;
-* :mod:`~router.core.layouts`: the stored shape of copies, per period (copies, buckets), and the outbox;
-* :mod:`~router.core.fence`: the edit fence that running fan-outs read;
-* :mod:`~router.core.checkpoint`, :mod:`~router.core.tally`: fan-out checkpoints and results;
-* :mod:`~router.core.writes`, :mod:`~router.core.reads`, :mod:`~router.core.edits`,
-  :mod:`~router.core.fanout`, :mod:`~router.core.metadata`, :mod:`~router.core.social`,
-  :mod:`~router.core.seen`: the operations;
-* :mod:`~router.core.calls`: the public operations' argument checks, one function each.
+* :mod:`~router.core.nogc`, :mod:`~router.core.pseudonyms`: the collector's pause, users' keyed hashes;
+* :mod:`~router.core.push`: what a writer pushes to live subscribers once its write is stored.
+
+The concerns, each a package that says what it owns and may import, in the order they
+build on each other: :mod:`~router.core.layouts` (the stored shapes), :mod:`~router.core.periods`,
+:mod:`~router.core.writes`, :mod:`~router.core.reads`, :mod:`~router.core.fanout`,
+:mod:`~router.core.social`, :mod:`~router.core.notify`, :mod:`~router.core.privacy` and
+:mod:`~router.core.live`; :mod:`~router.core.settings` and :mod:`~router.core.calls` (each public
+operation's checks and program) sit between them as the order in ``tests/unit/test_imports.py`` says.
 """

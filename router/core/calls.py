@@ -22,37 +22,27 @@ from ..config import RouterConfig
 from ..cursor import CursorState, Position, check_state, decode_state
 from ..errors import InvalidItem
 from ..model import TEXT_RULE, Activity, FeedItem, Page, identity, is_text
-from .checkpoint import JobStatus, fenced_status, find_job
-from .checks import check_data, check_ids, check_senders
-from .edits import delete_program, unfollow_program, update_program
-from .erasure import ErasurePlan, ErasureResult, ErasureStatus, erase_program, status_program
-from .export import ExportPlan, ExportSummary, Sink, export_program
-from .fanout import DEFAULT_CONCURRENCY, FanOutJob, plan_job, positive_int
-from .fence import NEVER, read_fences
-from .group_marks import ALL, Mark, mark_read_program, unseen_groups_program
-from .group_reads import GroupPlan, groups_program
-from .groups import (
-    DEFAULT_GROUP_BY,
-    MAX_GROUP_PAGE,
-    MAX_MARKS,
-    MAX_NEWEST,
-    Group,
-    GroupBy,
-    GroupCursor,
-    GroupPage,
-    UnseenGroups,
-    check_group,
-    decode_group_cursor,
-    decode_key,
+from .fanout import DEFAULT_CONCURRENCY, FanOutJob, JobStatus, fenced_status, find_job, plan_job, positive_int
+from .writes import (
+    NEVER, check_data, check_ids, check_senders, delete_program, read_fences, unfollow_program, update_program,
+    write_program,
+)
+from .privacy import (
+    ErasurePlan, ErasureResult, ErasureStatus, ExportPlan, ExportSummary, Sink, erase_program, export_program,
+    status_program,
+)
+from .notify import (
+    ALL, DEFAULT_GROUP_BY, Group, GroupBy, GroupCursor, GroupPage, GroupPlan, MAX_CAP, MAX_GROUP_PAGE, MAX_MARKS,
+    MAX_NEWEST, Mark, Unseen, UnseenGroups, UnseenPlan, check_group, decode_group_cursor, decode_key,
+    groups_program, mark_program, mark_read_program, marker_of, marker_program, unseen_groups_program,
+    unseen_program,
 )
 from .policy import deadline_in
 from .reads import ReadPlan, read_program
-from .routing import Routing, routed
-from .seen import MAX_CAP, Unseen, UnseenPlan, mark_program, marker_of, marker_program, unseen_program
+from .periods import Routing, routed
 from .settings import MAX_PAGE, MAX_TYPES, Settings, pseudonyms_of
 from .social import MAX_BACKFILL, BackfillResult, Publishing, backfill_program, publish_program
 from .steps import Concurrently, Failure, Program
-from .writes import write_program
 
 __all__ = [
     "Active", "View", "active_filter", "backfill", "concurrency", "delete", "erase_user", "erasure_status",
@@ -76,7 +66,7 @@ class View:
 
 
 def write_many(view: View, items: Iterable[FeedItem], *, indexed: bool = True) -> Program[list[ObjectId]]:
-    """``write_many``: check and route every item first, then write; see :func:`router.core.writes.write_program`."""
+    """``write_many``: check and route every item first, then write; see :func:`router.core.writes.insert.write_program`."""
     if not isinstance(items, (list, tuple)):
         try:
             items = list(items)
@@ -99,7 +89,7 @@ def read(
     view: View, receiver_id: object, *, limit: object = 50, cursor: object = None, on_unavailable: object = None,
     pull: Sequence[object] | None = None, types: Sequence[object] | None = None,
 ) -> Program[Page]:
-    """``read``: one page, newest first; see :mod:`router.core.reads`."""
+    """``read``: one page, newest first; see :mod:`router.core.reads.pages`."""
     receiver = _receiver(receiver_id)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidItem("limit", f"must be an int from 1 to {MAX_PAGE} (got {limit!r})")
@@ -153,7 +143,7 @@ def seen_position(view: View, receiver_id: object) -> Program[Position | None]:
 
 
 def unseen_count(view: View, receiver_id: object, *, cap: object = 99, pull: Sequence[object] | None = None) -> Program[Unseen]:
-    """``unseen_count``: items newer than the seen marker, up to *cap*; see :mod:`router.core.seen`."""
+    """``unseen_count``: items newer than the seen marker, up to *cap*; see :mod:`router.core.notify.seen`."""
     receiver = _receiver(receiver_id)
     limit = positive_int("cap", cap, maximum=MAX_CAP)
     plan = UnseenPlan(receiver_id=receiver, names=_window(view), cap=limit, deadline=deadline_in(view.settings.timeout),
@@ -222,7 +212,7 @@ def active_filter(active: object) -> Callable[[Any], bool] | None:
 
 def plan_fan_out(view: View, activity: Activity, *, batch_size: object = None, job_id: str | None = None) -> Program[FanOutJob]:
     """``plan_fan_out``: check and route a fan-out job (refreshing once past the horizon); nothing is written.
-    (A deleted post is refused when a run starts: :func:`~router.core.checkpoint.start_job`.)"""
+    (A deleted post is refused when a run starts: :func:`~router.core.fanout.checkpoint.start_job`.)"""
     size = view.config.batch_size if batch_size is None else batch_size
     return plan_job(activity, view.routing, batch_size=size, job_id=job_id)  # type: ignore[arg-type]
 
@@ -231,7 +221,7 @@ def publish(
     view: View, activity: Activity, followers: Iterable[Any], *, pull: bool | None, batch_size: object = None,
     job_id: str | None = None,
 ) -> Program[Publishing]:
-    """``publish`` up to the push (see :func:`~router.core.social.publish_program`); the door pushes."""
+    """``publish`` up to the push (see :func:`~router.core.social.publish.publish_program`); the door pushes."""
     size = view.config.batch_size if batch_size is None else batch_size
     return publish_program(activity, followers, view.routing, pull=pull, threshold=view.settings.pull_threshold,
                            batch_size=size, job_id=job_id, policy=view.settings.write.policy,  # type: ignore[arg-type]
@@ -239,13 +229,13 @@ def publish(
 
 
 def concurrency(value: object) -> int:
-    """The batches a fan-out may have in flight (default :data:`~router.core.fanout.DEFAULT_CONCURRENCY`)."""
+    """The batches a fan-out may have in flight (default :data:`~router.core.fanout.plan.DEFAULT_CONCURRENCY`)."""
     return positive_int("concurrency", DEFAULT_CONCURRENCY if value is None else value)
 
 
 def fan_out_status(view: View, job_id: object) -> Program[JobStatus]:
     """``fan_out_status``: a job's progress from its checkpoint, looked up in every configured cluster; a job whose
-    post was deleted is ``cancelled`` with reason ``deleted`` (:func:`~router.core.checkpoint.fenced_status`)."""
+    post was deleted is ``cancelled`` with reason ``deleted`` (:func:`~router.core.fanout.checkpoint.fenced_status`)."""
     if not isinstance(job_id, str) or not job_id:
         raise InvalidItem("job_id", f"must be a non-empty str (got {job_id!r:.80})")
     deadline = deadline_in(view.settings.timeout)
@@ -273,7 +263,7 @@ def user(user_id: object) -> int | str:
 
 
 def erase_user(view: View, user_id: object, *, requested_by: object, progress: object = None) -> Program[ErasureResult]:
-    """``erase_user``: everything of the user, in every configured cluster; see :mod:`router.core.erasure`."""
+    """``erase_user``: everything of the user, in every configured cluster; see :mod:`router.core.privacy.erasure`."""
     who = user(user_id)
     if not is_text(requested_by):
         raise InvalidItem("requested_by", f"{TEXT_RULE}: who asked for the erasure, e.g. a ticket "
@@ -298,7 +288,7 @@ def erasure_status(view: View, user_id: object) -> Program[ErasureStatus]:
 
 
 def export_user(view: View, user_id: object, sink: Sink) -> Program[ExportSummary]:
-    """``export_user``: what the router holds about the user, to *sink*; see :mod:`router.core.export`."""
+    """``export_user``: what the router holds about the user, to *sink*; see :mod:`router.core.privacy.export`."""
     plan = ExportPlan(user_id=user(user_id), timemap=view.routing.timemap, timeout=view.settings.timeout)
     return export_program(plan, sink)
 
@@ -333,7 +323,7 @@ def read_groups(
     view: View, receiver_id: object, *, key: object = None, limit: object = 20, newest: object = 3,
     cursor: object = None, pull: Sequence[object] | None = None, types: Sequence[object] | None = None,
 ) -> Program[GroupPage]:
-    """``read_groups``: a page of groups newest first; see :mod:`router.core.group_reads`."""
+    """``read_groups``: a page of groups newest first; see :mod:`router.core.notify.group_reads`."""
     plan = _group_plan(view, receiver_id, key, pull, types, limit=positive_int("limit", limit, maximum=MAX_GROUP_PAGE),
                        newest=positive_int("newest", newest, maximum=MAX_NEWEST))
     if cursor is not None:

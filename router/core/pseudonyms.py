@@ -1,7 +1,7 @@
 """Pseudonyms: the keyed hash of a user id that erasure records hold instead of the id.
 
-An erasure leaves a record in every cluster (:mod:`router.core.erasure`), and every writer
-of copies reads it after writing (:mod:`router.core.fence`). The record must not name the
+An erasure leaves a record in every cluster (:mod:`router.core.privacy.erasure`), and every writer
+of copies reads it after writing (:mod:`router.core.writes.fence`). The record must not name the
 user it erased, so it holds ``BLAKE2b(key, id)``: whoever has the id (the operator who
 asked, the writer about to store a copy for it) can look its record up; whoever has only
 the databases cannot tell whose record it is, as long as the key is kept apart from them

@@ -29,7 +29,7 @@ import attrs
 
 from ..errors import ClusterError
 from ..observe import Event
-from .live.push import Push
+from .push import Push
 
 __all__ = [
     "Aggregate",

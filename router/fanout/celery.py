@@ -4,9 +4,9 @@ Use it when one post goes to more followers than one process should write (milli
 when the fan-out must outlive the process that started it. For smaller fan-outs
 ``FeedRouter.fan_out`` is simpler and needs no broker. Needs the ``celery`` extra
 (``pip install 'feed-router[celery]'``). It only decides *where* batches run: the
-publisher reads the receivers lazily in batches (:func:`router.core.fanout.batches`) and
+publisher reads the receivers lazily in batches (:func:`router.core.fanout.plan.batches`) and
 sends one task per batch; a worker writes it with
-:func:`router.core.fanout.batch_program`, the write path of every engine.
+:func:`router.core.fanout.plan.batch_program`, the write path of every engine.
 
 Example::
 
@@ -47,7 +47,7 @@ and rejects the message for good (never retried). So does a batch the job's publ
 never sent: :func:`publish_fan_out` records each batch in the checkpoint's ``fanout_sent``
 before it sends the task (one insert per batch), and a worker admits only a batch recorded
 there, whenever it takes the task, before or after the job's record exists, with the job's
-total known or not. The checks are the core's (:func:`router.core.checkpoint.admit_batch`).
+total known or not. The checks are the core's (:func:`router.core.fanout.checkpoint.admit_batch`).
 
 **JSON only.** Task arguments are the job (:meth:`FanOutJob.to_json`, the activity
 included, so its ``data`` must be JSON: :func:`publish_fan_out` refuses anything else with
@@ -56,7 +56,7 @@ receiver ids and the positions to skip. No pickle; no result backend: progress i
 from the checkpoint.
 
 **Edits and erasures.** A batch reads the post's edit fence after writing, like every engine's
-(:mod:`router.core.fence`): batches of a post deleted meanwhile, queued or redelivered,
+(:mod:`router.core.writes.fence`): batches of a post deleted meanwhile, queued or redelivered,
 remove what they wrote and are acknowledged, not retried. Each worker process remembers
 the newest fence it saw per post, so its later batches of a deleted post write nothing.
 The erasure records are read at the same time: a batch of an erased sender's post removes
@@ -83,10 +83,10 @@ from kombu.exceptions import KombuError
 
 from ..config import RouterConfig
 from ..core.calls import Active, active_filter
-from ..core.checks import receiver_problem
-from ..core.fanout import BatchOutcome, FanOutJob, batch_program, batches, receiver_stream
-from ..core.fence import NEVER, FenceMemo
-from ..core.runs import NEXT_BATCH, Send, Step, drive, run_loop
+from ..core.writes import FenceMemo, NEVER, receiver_problem
+from ..core.fanout import (
+    BatchOutcome, FanOutJob, NEXT_BATCH, Send, Step, batch_program, batches, drive, receiver_stream, run_loop,
+)
 from ..core.settings import Settings
 from ..errors import ClusterError, FanOutConflict, InvalidBatch, InvalidItem, RouterError
 from ..model import Activity
@@ -359,7 +359,7 @@ def send_batch(
     """Send one batch task: batch *number* of *job*, its first receiver at stream position *first*.
 
     :func:`publish_fan_out` sends every batch this way, after recording it as sent
-    (:func:`router.core.checkpoint.announce_batch`): a worker refuses a batch with no such
+    (:func:`router.core.fanout.checkpoint.announce_batch`): a worker refuses a batch with no such
     record. Sending a batch again is harmless (it finds its copies present). Raises
     :class:`BrokerUnavailable` if the broker does not take it.
     """
@@ -387,7 +387,7 @@ def publish_fan_out(
     or no cluster owns it), opens its checkpoint, reads *receivers* lazily in batches of
     *batch_size* (default ``write.batch_size``) holding at most one batch, records each
     batch as sent before sending it (workers admit no other,
-    :func:`~router.core.checkpoint.announce_batch`), and records ``published`` with the
+    :func:`~router.core.fanout.checkpoint.announce_batch`), and records ``published`` with the
     number of batches at the end. Publishing the same job again
     (same receivers, same order, same batch size) sends exactly the batches not recorded
     done when it reaches them: a batch a worker finishes while the job is published again

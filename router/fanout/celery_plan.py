@@ -5,7 +5,7 @@ broker, so its rules are tested on their own and ``feedrouter fanout-status`` ca
 the inactive job without Celery installed.
 
 **Two jobs when inactive receivers are included.** Receivers are cut into batches of
-``batch_size`` by their position in the stream (:func:`router.core.fanout.batches`),
+``batch_size`` by their position in the stream (:func:`router.core.fanout.plan.batches`),
 whoever is active. Stream batch *n* becomes:
 
 * batch *n* of the job itself (``job_id``), on the high-priority queue: the whole batch,
@@ -33,12 +33,10 @@ from typing import Any
 
 import attrs
 
-from ..core.checkpoint import announce_batch, finish_checkpoint, open_checkpoint, start_job
-from ..core.checks import receiver_problem
-from ..core.jobs import FanOutJob
+from ..core.fanout import FanOutJob, SKIP, announce_batch, finish_checkpoint, open_checkpoint, start_job
+from ..core.writes import receiver_problem
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.runs import SKIP
 from ..core.steps import Program
 from ..errors import InvalidItem
 from ..model import identity, is_id
@@ -199,7 +197,7 @@ class Published:
 
 
 class PublishRun:
-    """One publishing of a job to Celery, as the core's run loop (:func:`~router.core.runs.run_loop`) sees it.
+    """One publishing of a job to Celery, as the core's run loop (:func:`~router.core.fanout.runs.run_loop`) sees it.
 
     What a batch's tasks are (:func:`plan_parts`), what is opened, announced and recorded in
     the checkpoints, and how the publishing ends are here; the publisher only sends. It

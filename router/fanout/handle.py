@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.tally import FanOutProgress, RunState
+from ..core.fanout import FanOutProgress, RunState
 from ..errors import RouterError
 
 __all__ = ["HandleView"]

@@ -1,7 +1,7 @@
 """Fan-out on asyncio tasks, for :class:`~router.AsyncFeedRouter`: a job's batches under a semaphore.
 
 The asyncio twin of :mod:`router.fanout.threads`: the same batches
-(:func:`router.core.fanout.batch_program`), the same checkpoint and counts; batches run
+(:func:`router.core.fanout.plan.batch_program`), the same checkpoint and counts; batches run
 as tasks, at most ``concurrency`` at a time (an ``asyncio.Semaphore``), and receivers may
 be an iterable or an async iterable. Background jobs run as tasks too, at most
 ``workers`` at once.
@@ -21,11 +21,12 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import Any
 
-from ..core.fanout import FanOutJob, positive_int, receiver_stream
+from ..core.fanout import (
+    FREE_SLOT, FanOutJob, FanOutResult, NEXT_BATCH, RELEASE, RunState, Send, Step, positive_int, receiver_stream,
+    run_loop,
+)
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, run_loop
-from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
 from ..storage.aclusters import AsyncClusters
@@ -38,7 +39,7 @@ Receivers = Iterable[Any] | AsyncIterable[Any]
 
 
 async def abatches(receivers: Receivers, size: int) -> AsyncIterator[tuple[int, int, list[Any]]]:
-    """:func:`router.core.fanout.batches` for an iterable or an async iterable, read lazily.
+    """:func:`router.core.fanout.plan.batches` for an iterable or an async iterable, read lazily.
 
     A plain iterable is read a batch at a time in a worker thread (``asyncio.to_thread``),
     so a source that blocks (a database cursor, a generator that waits) never stalls the
@@ -72,7 +73,7 @@ async def abatches(receivers: Receivers, size: int) -> AsyncIterator[tuple[int, 
 
 
 async def adrive(loop: Generator[Step, Any, None], do: Callable[[Step], Awaitable[Any]]) -> None:
-    """:func:`router.core.runs.drive` on asyncio: each step done by awaiting *do*."""
+    """:func:`router.core.fanout.runs.drive` on asyncio: each step done by awaiting *do*."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -88,7 +89,7 @@ async def adrive(loop: Generator[Step, Any, None], do: Callable[[Step], Awaitabl
 
 
 class AsyncFanOutRun(RunState):
-    """One run of a fan-out job on asyncio (its state is a :class:`~router.core.tally.RunState`)."""
+    """One run of a fan-out job on asyncio (its state is a :class:`~router.core.fanout.tally.RunState`)."""
 
     def __init__(
         self, clusters: AsyncClusters, job: FanOutJob, *, active: Callable[[Any], bool] | None, concurrency: int,
@@ -111,7 +112,7 @@ class AsyncFanOutRun(RunState):
             self.clusters.record(Event("fanout_jobs", -1))
 
     async def _run_batches(self, planned: AsyncIterator[tuple[int, int, list[Any]]]) -> FanOutResult:
-        """The core's run loop (:func:`~router.core.runs.run_loop`), waiting on an asyncio semaphore, sending as tasks."""
+        """The core's run loop (:func:`~router.core.fanout.runs.run_loop`), waiting on an asyncio semaphore, sending as tasks."""
         data = self.job.encoded_data()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()

@@ -1,9 +1,9 @@
 """Fan-out on threads, for :class:`~router.FeedRouter`: a job's batches on a bounded pool, jobs in the background.
 
-The receivers are read lazily in batches (:func:`router.core.fanout.batches`); a semaphore
+The receivers are read lazily in batches (:func:`router.core.fanout.plan.batches`); a semaphore
 admits at most ``concurrency`` batches at a time, so memory is bounded by
 ``batch_size * concurrency`` copies, never by the number of receivers. Each batch runs
-:func:`router.core.fanout.batch_program` on the router's clusters. A batch that fails
+:func:`router.core.fanout.plan.batch_program` on the router's clusters. A batch that fails
 because its cluster did stops the job: batches in flight finish, the checkpoint keeps
 what was done, and the result says ``complete=False``.
 
@@ -23,11 +23,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..core.fanout import FanOutJob, batches, positive_int, receiver_stream
+from ..core.fanout import (
+    FREE_SLOT, FanOutJob, FanOutResult, NEXT_BATCH, RELEASE, RunState, Send, Step, batches, drive, positive_int,
+    receiver_stream, run_loop,
+)
 from ..core.policy import RetryPolicy
 from ..core.pseudonyms import Pseudonyms
-from ..core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
-from ..core.tally import FanOutResult, RunState
 from ..errors import RouterError
 from ..observe import Event
 from ..storage.clusters import Clusters
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class FanOutRun(RunState):
-    """One run of a fan-out job on threads (its state is a :class:`~router.core.tally.RunState`)."""
+    """One run of a fan-out job on threads (its state is a :class:`~router.core.fanout.tally.RunState`)."""
 
     def __init__(
         self, clusters: Clusters, job: FanOutJob, *, active: Callable[[Any], bool] | None, concurrency: int,
@@ -62,7 +63,7 @@ class FanOutRun(RunState):
             self.clusters.record(Event("fanout_jobs", -1))
 
     def _run_batches(self, stream: Iterator[Any]) -> FanOutResult:
-        """The core's run loop (:func:`~router.core.runs.run_loop`), waiting on a semaphore, sending on a pool."""
+        """The core's run loop (:func:`~router.core.fanout.runs.run_loop`), waiting on a semaphore, sending on a pool."""
         data = self.job.encoded_data()
         slots = threading.BoundedSemaphore(self.concurrency)
         pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="feed-router-fanout-batch")

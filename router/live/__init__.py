@@ -15,7 +15,7 @@ Example::
             ...
 """
 
-from ..core.live.stream import DeletedItem, LiveEvent, NewItem, Resync, UpdatedItem, live_cursor
+from ..core.live import DeletedItem, LiveEvent, NewItem, Resync, UpdatedItem, live_cursor
 from .subscription import AsyncSubscription, Subscription
 
 __all__ = ["AsyncSubscription", "DeletedItem", "LiveEvent", "NewItem", "Resync", "Subscription", "UpdatedItem",

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from ..aio_base import AsyncDoorBase
-from ..core.live.stream import LiveEvent, Stream, catch_up_events, subscribe_plan
+from ..core.live import LiveEvent, Stream, catch_up_events, subscribe_plan
 from ..errors import PushNotConfigured
 from ..pushconfig import PushConfig
 from ..sync_base import SyncDoorBase

@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..core.live.push import EDITS, PRESENCE
+from ..core.push import EDITS, PRESENCE
 from ..errors import RouterClosed
 from ..observe import NO_METRICS, Metrics
 from ..pushconfig import PushConfig

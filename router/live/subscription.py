@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-from ..core.live.stream import Backlog, LiveEvent, LivePlan, Stream
+from ..core.live import Backlog, LiveEvent, LivePlan, Stream
 from ..errors import RouterClosed
 from ..observe import NO_METRICS, Event, Metrics
 from .hub import Hub, ThreadHub

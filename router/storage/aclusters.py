@@ -25,7 +25,7 @@ import pymongo
 from pymongo import AsyncMongoClient
 
 from ..config import ClusterConfig, Deployment, RouterConfig
-from ..core.metadata import load_timemap
+from ..core.periods import load_timemap
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Push, Refresh, Report, Request, Sleep
 from ..errors import RouterError
@@ -212,7 +212,7 @@ class AsyncClusters:
         return list(results)
 
     async def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
-        """Read every cluster's metadata and build the time map (see :func:`router.core.metadata.load_timemap`)."""
+        """Read every cluster's metadata and build the time map (see :func:`router.core.periods.metadata.load_timemap`)."""
         deadline = deadline_in(self.config.timeout.total_seconds())
         try:
             return await self.run(

@@ -33,7 +33,7 @@ from pymongo.database import Database
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ..config import ClusterConfig, Deployment, RouterConfig
-from ..core.metadata import inspect_metadata, load_timemap, read_metadata
+from ..core.periods import inspect_metadata, load_timemap, read_metadata
 from ..core.policy import deadline_in
 from ..core.steps import Concurrently, Program, Push, Refresh, Report, Request, Sleep
 from ..errors import ClusterError, ClusterUnavailable, InvalidItem, RouterError
@@ -420,7 +420,7 @@ class Clusters:
         self, *, allow_missing: AnyCollection[str] = ()
     ) -> tuple[list[ClusterMeta], list[str], dict[str, ClusterError]]:
         """Read every cluster's metadata: the valid documents, every problem, and the unreachable clusters
-        (see :func:`router.core.metadata.inspect_metadata`)."""
+        (see :func:`router.core.periods.metadata.inspect_metadata`)."""
         try:
             answers = self.run(read_metadata(self.names, deadline=self._deadline()))
         finally:
@@ -428,7 +428,7 @@ class Clusters:
         return inspect_metadata(answers, self.config, allow_missing=allow_missing)
 
     def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
-        """Read every cluster's metadata and build the time map (see :func:`router.core.metadata.load_timemap`)."""
+        """Read every cluster's metadata and build the time map (see :func:`router.core.periods.metadata.load_timemap`)."""
         try:
             return self.run(
                 load_timemap(self.names, self.config, deadline=self._deadline(), allow_missing=allow_missing, previous=previous)

@@ -1,4 +1,4 @@
-"""Publishing live-feed pushes to Redis: what a driver does with a core :class:`~router.core.live.push.Push`.
+"""Publishing live-feed pushes to Redis: what a driver does with a core :class:`~router.core.push.Push`.
 
 One :class:`Publisher` (``redis.Redis``, for :class:`~router.storage.clusters.Clusters`) or
 :class:`AsyncPublisher` (``redis.asyncio``, for the async storage) per storage, made from the
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from ..core.live.push import EDITS, GAP, PRESENCE, Messages, Push
+from ..core.push import EDITS, GAP, PRESENCE, Messages, Push
 from ..errors import ConfigError, ConfigProblem
 from ..observe import NO_METRICS, Event, Metrics
 from ..observe.tracing import NO_TRACING, Tracing

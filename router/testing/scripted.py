@@ -5,7 +5,7 @@ rule about *races* (an edit and a fan-out batch), :func:`interleavings` runs sev
 programs against one :class:`ScriptedStore` and, in turn, every order in which their
 requests can reach the store: each request is one atomic step, as a single-document
 operation is on a real server. The store answers only the request shapes the core sends
-(equality, ``$in``, ``$ne``, ``$lt``, ``$lte``; ``$set``), so it is a model for proofs of
+(equality, ``$in``, ``$ne``, ``$lt``, ``$lte``, ``$gt``, ``$or``; ``$set``), so it is a model for proofs of
 the core's logic, never a stand-in for a server: storage behaviour is tested against real
 servers in ``tests/integration``.
 
@@ -54,8 +54,8 @@ def _copy(value: Any) -> Any:
 
 
 def _compare(value: Any, op: str, operand: Any) -> bool:
-    if op == "$in":
-        return value in operand
+    if op == "$in":  # (an array field matches when one of its elements is in *operand*, as on a server)
+        return value in operand or (isinstance(value, list) and any(v in operand for v in value))
     if op == "$ne":
         return bool(value != operand)
     if value is None:
@@ -70,8 +70,12 @@ def _compare(value: Any, op: str, operand: Any) -> bool:
 
 
 def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
-    """True if *doc* matches *query* (top-level fields; equality or the operators above)."""
+    """True if *doc* matches *query* (top-level fields, equality or the operators above; or any of ``$or``'s)."""
     for field, want in query.items():
+        if field == "$or":
+            if not any(matches(doc, alternative) for alternative in want):
+                return False
+            continue
         value = doc.get(field)
         if isinstance(want, Mapping) and want and all(str(k).startswith("$") for k in want):
             if not all(_compare(value, op, operand) for op, operand in want.items()):

@@ -1,9 +1,11 @@
 """Fixtures for tests against real MongoDB-wire servers.
 
 Three local servers (mongod if on PATH, else FerretDB; ``$FEED_TEST_BACKEND`` chooses, e.g.
-``javaserver``) are started once per test session by :mod:`harness.localservers`;
-every test gets its own database name on them, dropped afterwards. Nothing here skips: no
-server means the tests error, and a test marked for what the servers lack fails.
+``javaserver``) are started once per test session by :mod:`harness.localservers` (under
+pytest-xdist, once per worker: each worker has servers, ports and data folders of its own);
+every test gets a database of its own on them, dropped afterwards, or, for a test that
+registers it first thing, emptied and kept for another such test (:mod:`.pool`). Nothing here
+skips: no server means the tests error, and a test marked for what the servers lack fails.
 
 **One contract suite over every layout.** The storage contract files (marked ``contract``
 at module level) run once per layout of :data:`router.core.layouts.LAYOUTS` the session's
@@ -20,8 +22,7 @@ made on that server, never skipped.
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -40,6 +41,7 @@ from harness.localservers import LocalClusters
 
 from ..conftest import SERVED_BY
 from .doors import AsyncDoor, LoopThread
+from .pool import DatabasePool, new_name
 
 UTC = timezone.utc
 #: The three demo periods used by most tests: [P0, P1), [P1, P2), [P2, open).
@@ -92,10 +94,21 @@ def held_layouts() -> tuple[str, ...]:
 MANY_COPIES = pytest.mark.unheld("javaserver", "buckets", reason="mongo-java-server scans every bucket for each append")
 
 
+#: The server of scripts/test's second run, which runs the storage contract files again (docs/development.md).
+SECOND_SERVER = "javaserver"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test of a ``contract`` file that uses ``layout`` (through ``router``, ``make_router`` or ``register``) runs
-    once per layout the servers hold, or per layout its ``layouts`` marker names."""
-    if "layout" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("contract") is None:
+    once per layout the servers hold, or per layout its ``layouts`` marker names; on the second server, through one
+    door (:func:`_doors`)."""
+    _doors(metafunc)
+    if metafunc.definition.get_closest_marker("contract") is None:
+        return
+    for marker in ("scenario", "both_doors"):
+        for mark in metafunc.definition.iter_markers(marker):
+            assert mark.kwargs.get("reason"), f"{metafunc.definition.nodeid}: @pytest.mark.{marker} needs a reason"
+    if "layout" not in metafunc.fixturenames:
         return
     names = held_layouts()
     only = metafunc.definition.get_closest_marker("layouts")
@@ -107,6 +120,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         server, layout = unheld.args
         names = tuple(n for n in names if not (n == layout and backend() == server))
     metafunc.parametrize("layout", names, indirect=True)
+
+
+def _doors(metafunc: pytest.Metafunc) -> None:
+    """A test that uses ``door`` runs through both doors, sync then async; a contract test on the second server through
+    the sync door alone, unless marked ``both_doors``: the async door sends the commands the same core builds, through
+    pymongo's async client (its reads carry ``maxTimeMS``), and the ``both_doors`` tests prove those there. A test that
+    names its doors itself (``@pytest.mark.parametrize("door", ...)``) keeps them."""
+    if "door" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0]
+        if "door" in (n.strip() for n in names):
+            return
+    one = (backend() == SECOND_SERVER and metafunc.definition.get_closest_marker("contract") is not None
+           and metafunc.definition.get_closest_marker("both_doors") is None)
+    metafunc.parametrize("door", ["sync"] if one else ["sync", "async"], indirect=True)
 
 
 @pytest.fixture
@@ -137,11 +166,53 @@ def raw_clients(servers: LocalClusters) -> Iterator[dict[str, MongoClient[dict[s
         c.close()
 
 
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the test, for :func:`passed`."""
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def passed(node: pytest.Item) -> bool:
+    """Whether the test's setup and call passed (asked in its teardown)."""
+    reports = node.stash.get(_REPORTS, {})
+    return all(when in reports and reports[when].passed for when in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def database_pool(servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]]) -> DatabasePool | None:
+    """Registered databases kept between tests (see :mod:`.pool`); None on mongo-java-server, whose databases cost
+    little to make, and whose drop needs its own steps."""
+    return None if servers.backend == "javaserver" else DatabasePool(raw_clients)
+
+
 @pytest.fixture
-def db_name(servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]]) -> Iterator[str]:
-    """A database name of this test's own, dropped on every server afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+def registered_database() -> None:
+    """Requested (directly or through another fixture) by a test that registers its database before anything reads
+    it: ``db_name`` may then be an emptied one a passed test registered in the same layout (see :mod:`.pool`).
+    ``make_router`` and ``sync_router`` request it."""
+
+
+@pytest.fixture
+def db_name(request: pytest.FixtureRequest, servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]],
+            database_pool: DatabasePool | None) -> Iterator[str]:
+    """A database name of this test's own: new, or for a test that registers it first thing (``registered_database``)
+    an emptied one from the pool; afterwards emptied into the pool if a passed test left it as registering makes it,
+    else dropped on every server."""
+    name = new_name()
+    if database_pool is not None and "registered_database" in request.fixturenames:
+        layout = str(request.getfixturevalue("layout"))
+        name = database_pool.take(layout, register=lambda name: register(
+            RouterConfig(database=name, clusters=tuple(ClusterConfig(name=n, uri=u, options={})
+                                                       for n, u in zip(NAMES, servers.uris))), layout=layout))
     yield name
+    if database_pool is not None and passed(request.node) and database_pool.give_back(name):
+        return
     # mongo-java-server cannot drop a database the migrations reached as it is (an index bug of its own).
     drop = javaserver.drop_database if servers.backend == "javaserver" else MongoClient.drop_database
     for c in raw_clients.values():
@@ -203,9 +274,9 @@ def event_loop_thread() -> Iterator[LoopThread]:
     loop.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture
 def door(request: pytest.FixtureRequest) -> str:
-    """Which front door a contract test runs against: every test using it runs on both."""
+    """Which front door a test runs against: ``sync`` or ``async``, each test on both (:func:`_doors`)."""
     return str(request.param)
 
 
@@ -229,7 +300,7 @@ def open_router(door: str, event_loop_thread: LoopThread) -> Iterator[Callable[.
 
 
 @pytest.fixture
-def make_router(make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
+def make_router(registered_database: None, make_config: Callable[..., RouterConfig], open_router: Callable[..., Any],
                 layout: str) -> Callable[..., FeedRouter]:
     """Register the three periods in this test's layout and open a router on them through this test's door (closed
     afterwards)."""
@@ -252,7 +323,8 @@ def router(make_router: Callable[..., FeedRouter]) -> FeedRouter:
 
 
 @pytest.fixture
-def sync_router(make_config: Callable[..., RouterConfig], layout: str) -> Iterator[FeedRouter]:
+def sync_router(registered_database: None, make_config: Callable[..., RouterConfig],
+                layout: str) -> Iterator[FeedRouter]:
     """A FeedRouter (sync door only, periods in this test's layout), for tests of its own threads and internals."""
     config = make_config()
     register(config, layout=layout)

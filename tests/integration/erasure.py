@@ -1,5 +1,6 @@
-"""Shared setup of the erasure tests: periods of one layout on the session's servers, and the plain-pymongo scan
-that says whether any document of any collection of any period still names a user."""
+"""Shared setup of the erasure tests: periods of one layout on the session's servers (the ``layout``, ``config`` and
+``router`` fixtures, imported by the test files that use them), and the plain-pymongo scan that says whether any
+document of any collection of any period still names a user."""
 
 from __future__ import annotations
 
@@ -54,13 +55,13 @@ def layout(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def config(make_config: Callable[..., RouterConfig], layout: str) -> RouterConfig:
-    """The test's three periods, in its layout."""
+    """The test's three periods, of its layout."""
     return layout_config(make_config, layout)
 
 
 @pytest.fixture
 def router(config: RouterConfig, open_router: Callable[..., Any]) -> Any:
-    """A router on the test's periods (of the test's layout) through the test's door."""
+    """A router on the test's periods (of the test's layout) through the test's door, at NOW."""
     return open_router(config, clock=lambda: NOW)
 
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from bson import ObjectId
 
 from router import FeedRouter, Group, Position
-from router.core.groups import decode_key
+from router.core.notify.groups import decode_key
 from router.model import from_millis
 
 

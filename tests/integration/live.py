@@ -109,7 +109,7 @@ def push(redis_server: LocalRedis) -> PushConfig:
 
 
 @pytest.fixture
-def live_config(make_config: Callable[..., RouterConfig], push: PushConfig) -> RouterConfig:
+def live_config(registered_database: None, make_config: Callable[..., RouterConfig], push: PushConfig) -> RouterConfig:
     config = attrs.evolve(make_config(), push=push)
     register(config)
     return config

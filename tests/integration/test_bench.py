@@ -16,7 +16,7 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
     results = run_bench(out, size="small", uris=servers.uris, results_dir=tmp_path)
     text = out.getvalue()
     names = {r.name for r in results}
-    assert {"cpu_ratio", "write_ratio", "commands_per_page", "read_ratio", "async_reads", "pull_pages", "delete_ratio",
+    assert {"cpu_ratio", "write_ratio", "write_again_ratio", "commands_per_page", "read_ratio", "async_reads", "pull_pages", "delete_ratio",
             "fanout_ratio", "fanout_memory", "scale_startup_sync", "scale_threads_async", "scale_rss_sync",
             "scale_commands_sync", "scale_commands_async", "celery_scaling", "async_door_ratio", "read_cpu_async",
             "read_cpu_sync", "layout_page_documents", "layout_page_latency", "layout_fanout", "layout_bytes_per_item",

@@ -19,8 +19,8 @@ import pytest
 from pymongo import MongoClient
 
 from router import Activity, FeedItem, RouterConfig, data_key
-from router.core.edits import update_program
-from router.core.live.push import Push
+from router.core.push import Push
+from router.core.writes.edits import update_program
 from router.core.layouts.buckets import MAX_BYTES, MAX_ITEMS
 from router.core.settings import Settings
 from router.core.steps import Concurrently, Delete, Insert, Program, Report, Sleep, Update, Upserts

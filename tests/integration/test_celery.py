@@ -30,7 +30,7 @@ from pymongo import MongoClient
 
 from router import Activity, FeedRouter, InvalidItem, RouterConfig, data_key
 from router.cli import main
-from router.core.checkpoint import announce_batch, open_checkpoint
+from router.core.fanout.checkpoint import announce_batch, open_checkpoint
 from router.fanout.celery import ACTIVE_QUEUE, BATCH_TASK, INACTIVE_QUEUE, make_app, publish_fan_out, send_batch
 from router.fanout.celery_plan import check_json_data, inactive_job_id, plan_parts, sendable
 from router.observe.prometheus import PrometheusMetrics
@@ -233,7 +233,8 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., list[WorkerProcess]]]:
 
 
 @pytest.fixture
-def publisher(make_config: Callable[..., RouterConfig]) -> Iterator[tuple[RouterConfig, FeedRouter]]:
+def publisher(registered_database: None,
+              make_config: Callable[..., RouterConfig]) -> Iterator[tuple[RouterConfig, FeedRouter]]:
     """The test's config (three periods registered) and a FeedRouter to publish with."""
     config = make_config(timeout=timedelta(seconds=5), serverSelectionTimeoutMS=1000)
     register(config)

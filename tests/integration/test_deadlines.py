@@ -72,7 +72,7 @@ def test_a_socket_timeout_is_a_timeout_on_every_path(
     bound = 2.0 + 3.0  # the socket timeout, with room for a loaded machine; the deadline is 10 s
     servers[1].pause()
     try:
-        with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
+        with caplog.at_level(logging.DEBUG, logger="router.core.writes.insert"):
             elapsed, outcome = timed(lambda: router.write_many(items))
         assert isinstance(outcome, WriteFailed), outcome
         assert sorted(outcome.failed) == in_p1
@@ -110,7 +110,7 @@ def test_a_request_cancelled_on_a_timeout_is_not_retried(
     items = [it for it in feed_items(2, 30, offset=100) if P1 <= it.event_time < P2]
     servers[1].pause()
     try:
-        with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
+        with caplog.at_level(logging.DEBUG, logger="router.core.writes.insert"):
             elapsed, outcome = timed(lambda: router.write_many(items))
     finally:
         servers[1].resume()

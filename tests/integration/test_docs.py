@@ -85,7 +85,8 @@ def test_the_docs_have_examples_to_run() -> None:
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=page_id)
-def test_examples_run(page: Path, servers: LocalClusters, broker: LocalRedis, make_config: Callable[..., RouterConfig],
+def test_examples_run(page: Path, servers: LocalClusters, broker: LocalRedis, registered_database: None,
+                      make_config: Callable[..., RouterConfig],
                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = make_config()
     register(config)

@@ -20,8 +20,9 @@ from harness.commands import CommandLog
 from .conftest import NOW, P1, register
 from .doors import LoopThread
 
-#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
-pytestmark = pytest.mark.contract
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py); none sends a
+#: command, so none needs the second server.
+pytestmark = [pytest.mark.contract, pytest.mark.scenario(reason="refused before any I/O: nothing reaches a server")]
 
 POST = Activity(sender_id=7, event_time=P1 + timedelta(days=3), type=1, data={"n": 1}, data_key=data_key("loop", 1))
 ITEM = FeedItem(receiver_id=1, sender_id=7, event_time=P1 + timedelta(days=4), type=1, data={}, data_key=data_key("loop", 2))
@@ -76,7 +77,7 @@ def refused_everywhere(router: AsyncFeedRouter, run: Callable[[Coroutine[Any, An
 
 
 @pytest.fixture
-def config(make_config: Callable[..., RouterConfig]) -> RouterConfig:
+def config(registered_database: None, make_config: Callable[..., RouterConfig]) -> RouterConfig:
     made = make_config()
     register(made)
     return made

@@ -34,7 +34,7 @@ from router import (
     RouterConfig,
     data_key,
 )
-from router.core.fanout import FANOUTS_COLLECTION
+from router.core.fanout.plan import FANOUTS_COLLECTION
 from router.ids import copy_id
 from harness.localservers import LocalClusters
 
@@ -87,9 +87,11 @@ def assert_accounted(result: FanOutResult, total: int) -> None:
 
 
 @MANY_COPIES
-def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
-    """A generator of 200k receivers: exactly 200k documents, all in the cluster owning event_time."""
-    n = 200_000
+def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str,
+                                                               door: str, layout: str) -> None:
+    """A generator of 200k receivers (through the sync door, in copies; 20k elsewhere, whose batches of 1,000 are the
+    same): exactly that many documents, all in the cluster owning event_time."""
+    n = 200_000 if (door, layout) == ("sync", "copies") else 20_000
     result = router.fan_out(activity(), people(n, start=10_000_000))
     assert result.ok and result.cluster == OWNER
     assert (result.written, result.already_present, result.skipped, result.failed) == (n, 0, 0, 0)
@@ -136,8 +138,8 @@ def test_no_owning_cluster_writes_nothing(router: FeedRouter, raw_clients: Clien
 
 @MANY_COPIES
 def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
-    """A real process fanning out to 100k is SIGKILLed halfway; the re-run ends with exactly one copy per receiver."""
-    n, batch = 100_000, 1000
+    """A real process fanning out to 30k is SIGKILLed part-way; the re-run ends with exactly one copy per receiver."""
+    n, batch = 30_000, 1000
     spec = {"uris": servers.uris, "names": list(NAMES), "database": db_name, "receivers": n, "batch_size": batch, "concurrency": 2}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen(
@@ -179,8 +181,9 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
 @MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
-    """The same fan-out run twice at once (two threads): every copy stored once, acknowledged once."""
-    n = 50_000
+    """The same fan-out run twice at once (two threads, three batches in flight each, over 20 batches): every copy
+    stored once, acknowledged once."""
+    n = 20_000
     act = activity(3)
     results: list[FanOutResult] = []
     failures: list[BaseException] = []
@@ -256,11 +259,11 @@ def test_resume_with_another_batch_size_is_refused(router: FeedRouter) -> None:
 def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A background job shows its progress growing while it runs, then completes.
 
-    The receiver stream pauses at 10k and at 20k until the test has seen the progress, so the
+    The receiver stream pauses at 3k and at 6k until the test has seen the progress, so the
     two observations are of a running job, whatever the machine's speed.
     """
-    n = 40_000
-    gates = {10_000: threading.Event(), 20_000: threading.Event()}
+    n = 9_000
+    gates = {3_000: threading.Event(), 6_000: threading.Event()}
 
     def receivers() -> Iterator[int]:
         for i in range(n):
@@ -279,12 +282,12 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
     executor = router.fanouts
     handle = router.fan_out(activity(), receivers(), background=True)
     assert handle.cluster == OWNER and executor.pending == (handle,)
-    first = progress_reaches(10_000)  # at the first gate: every batch before it finishes
-    gates[10_000].set()
-    second = progress_reaches(20_000)
-    gates[20_000].set()
+    first = progress_reaches(3_000)  # at the first gate: every batch before it finishes
+    gates[3_000].set()
+    second = progress_reaches(6_000)
+    gates[6_000].set()
     result = handle.result(timeout=120)
-    assert (first, second) == (10_000, 20_000)
+    assert (first, second) == (3_000, 6_000)
     assert result.ok and result.written == n and handle.done()
     assert handle.progress.written == n and handle.progress.batches == result.batches == n // 1000
     assert executor.pending == ()
@@ -292,6 +295,7 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
     assert checkpoint(raw_clients, db_name, handle.job_id)["status"] == "done"  # type: ignore[index]
 
 
+@pytest.mark.scenario(reason="cancelling between batches is the client's; resuming is the sigkill test's")
 def test_cancel_and_close_stop_cleanly_and_stay_resumable(
     make_router: Callable[..., FeedRouter], raw_clients: Clients, db_name: str
 ) -> None:
@@ -333,6 +337,7 @@ def test_cancel_and_close_stop_cleanly_and_stay_resumable(
     assert again.ok and again.batches_resumed == 3 and again.written == n - 3000
 
 
+@pytest.mark.scenario(reason="the receivers' generator and the run loop are the client's")
 def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A generator that raises: the same exception reaches the caller; the checkpoint says failed; a re-run completes."""
 
@@ -425,6 +430,7 @@ def test_delete_removes_every_copy_of_a_fan_out(
     assert router.delete(act.data_key) == 0  # repeatable
 
 
+@pytest.mark.scenario(reason="the client's memory")
 def test_memory_does_not_grow_with_receivers(servers: LocalClusters) -> None:
     """scripts/fanout_memory: peak RSS growth for 100k receivers is within 20 MB of that for 20k."""
     out = subprocess.run(

@@ -18,7 +18,7 @@ import pytest
 from bson import Int64
 
 from router import FeedItem, FeedRouter, GroupBy, InvalidItem, Position, RouterConfig, data_key
-from router.core.groups import group_key
+from router.core.notify.groups import group_key
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
 

@@ -38,7 +38,7 @@ from router import (
     RouterConfig,
     data_key,
 )
-from router.core.groups import group_key, key_hash
+from router.core.notify.groups import group_key, key_hash
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
 

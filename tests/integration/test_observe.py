@@ -191,9 +191,9 @@ def test_log_records_carry_the_cluster(observed: tuple[FeedRouter, CollectorRegi
     router, _registry, server = observed
     router.write_many(ten_in_each())
     server.kill()
-    with caplog.at_level(logging.WARNING, logger="router.core.reads"):
+    with caplog.at_level(logging.WARNING, logger="router.core.reads.pages"):
         router.read(1, limit=100, on_unavailable="partial")
-    (record,) = [r for r in caplog.records if r.name == "router.core.reads"]
+    (record,) = [r for r in caplog.records if r.name == "router.core.reads.pages"]
     assert getattr(record, "cluster") == "cluster_2" and "serving a partial page" in record.getMessage()
 
 

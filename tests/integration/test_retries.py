@@ -60,7 +60,7 @@ def test_blip_is_retried_and_logged(proxied: Callable[..., tuple[FeedRouter, Bli
     router, proxy = proxied()
     router.write_many(batch(5))
     proxy.cut_next(FEED_INSERT, 1)
-    with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
+    with caplog.at_level(logging.DEBUG, logger="router.core.writes.insert"):
         router.write_many(batch(20, offset=100))
     assert proxy.cuts == 1
     assert "cluster cluster_2: 20 documents hit a transient error; retry 1 of 2" in caplog.text
@@ -107,7 +107,7 @@ def test_lost_reply_retry_counts_stored_copies_once(proxied: Callable[..., tuple
     """The insert reaches the server but its reply is cut: the retry's duplicates are read back, nothing doubles or goes missing."""
     router, proxy = proxied()
     proxy.cut_reply_next(FEED_INSERT, 1)
-    with caplog.at_level(logging.DEBUG, logger="router.core.writes"):
+    with caplog.at_level(logging.DEBUG, logger="router.core.writes.insert"):
         ids = router.write_many(batch(15))
     assert proxy.cuts == 1 and "retry 1 of 2" in caplog.text
     feed = raw_clients["cluster_2"][db_name].feed

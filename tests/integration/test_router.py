@@ -26,14 +26,16 @@ from router import (
 )
 from router.core.policy import RetryPolicy, deadline_in
 from router.core.layouts import LAYOUTS, Copy, CopyList
-from router.core.writes import insert_program
+from router.core.writes.insert import insert_program
 from router.cursor import CursorState, Position, encode_state
 
 from . import stored as stored_copies
 from .conftest import NAMES, NOW, P0, P1, P2, PERIODS
 
-#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
-pytestmark = pytest.mark.contract
+#: A storage contract file: every test here runs once per layout the servers hold (see conftest.py), through both
+#: doors on the second server too: its calls send every kind of command, the async door's as well as the sync one's.
+pytestmark = [pytest.mark.contract,
+              pytest.mark.both_doors(reason="every kind of command, through each door's client, on every server")]
 
 UTC = timezone.utc
 Clients = dict[str, MongoClient[dict[str, Any]]]

@@ -595,7 +595,7 @@ def test_more_than_a_page_of_pulled_posts_in_one_millisecond(make_config: Callab
     assert [(i.data_key, i.id, pulled) for i, pulled in served] == [
         (a.data_key, key_of(a, 77), a is not pushed) for a in everything
     ]
-    # What read_program does (router/core/reads.py): the outbox answer (need + skip + 1 entries) ends inside the
+    # What read_program does (router/core/reads/pages.py): the outbox answer (need + skip + 1 entries) ends inside the
     # millisecond, so its entries there are not safe to serve until the millisecond is fetched whole: a third find.
     # Every page but the last is full.
     assert pages == [

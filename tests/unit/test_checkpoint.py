@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router import Activity, FanOutConflict, InvalidItem, data_key
-from router.core.checkpoint import check_checkpoint, done_batches, job_status
-from router.core.fanout import FanOutJob, batches
+from router.core.fanout.checkpoint import check_checkpoint, done_batches, job_status
+from router.core.fanout.plan import FanOutJob, batches
 
 UTC = timezone.utc
 WHEN = datetime(2024, 5, 4, 12, 30, 15, 250000, tzinfo=UTC)
@@ -92,7 +92,7 @@ def test_insert_counts_come_from_write_errors_only() -> None:
 
     from router.core.policy import RetryPolicy
     from router.core.steps import Insert
-    from router.core.writes import insert_program
+    from router.core.writes.insert import insert_program
     from router.storage.requests import insert_outcome
 
     details = {"writeErrors": [{"index": 1, "code": 11000, "errmsg": "dup"}], "writeConcernErrors": [], "nInserted": 0}
@@ -131,7 +131,7 @@ def test_job_status_names_missing_batches_once_the_total_is_known() -> None:
 
 def test_missing_batches_listed_up_to_a_bound() -> None:
     """A huge job lists at most MAX_MISSING_LISTED missing numbers; the count is exact."""
-    from router.core.checkpoint import MAX_MISSING_LISTED
+    from router.core.fanout.checkpoint import MAX_MISSING_LISTED
 
     got = job_status("c2", {"_id": "j", "status": "published", "batches_total": MAX_MISSING_LISTED + 500}, _records([0]))
     assert got.batches_missing == MAX_MISSING_LISTED + 499
@@ -162,7 +162,7 @@ def test_check_batch_refuses_what_the_job_cannot_have(
 ) -> None:
     """Out-of-range, non-int or absurd numbers, wrong positions, oversized batches: InvalidBatch naming job and batch."""
     from router import InvalidBatch
-    from router.core.checkpoint import check_batch
+    from router.core.fanout.checkpoint import check_batch
 
     with pytest.raises(InvalidBatch) as caught:
         check_batch(JOB, number, first, receivers, total=total)
@@ -177,7 +177,7 @@ def test_check_batch_refuses_what_the_job_cannot_have(
 def test_check_batch_accepts_every_batch_the_stream_makes(n: int, size: int, known: bool) -> None:
     """Every batch ``batches`` cuts passes, whether the total is known yet or not; the next number is refused once it is."""
     from router import InvalidBatch
-    from router.core.checkpoint import check_batch
+    from router.core.fanout.checkpoint import check_batch
 
     job = FanOutJob(job_id="j", cluster="c2", activity=ACT, batch_size=size)
     cut = list(batches(range(n), size))
@@ -192,7 +192,7 @@ def test_check_batch_accepts_every_batch_the_stream_makes(n: int, size: int, kno
 def _admit(doc: object, number: object = 3, first: object = 3000, *, sent: bool = True) -> object:
     """Run admit_batch against scripted reads: *doc* is the job document (None for none, or a Failure), *sent*
     whether the publisher's record of the batch is found."""
-    from router.core.checkpoint import admit_batch
+    from router.core.fanout.checkpoint import admit_batch
     from router.core.steps import Concurrently, Find
 
     program = admit_batch(JOB, number, first, 1000, deadline=1e12)
@@ -212,7 +212,7 @@ def test_admit_batch_checks_the_stored_job() -> None:
     """A task's batch is checked against the job as stored: its total once known, its activity, that it exists, and
     that its publisher recorded sending it (whether the total is known or not)."""
     from router import ClusterUnavailable, InvalidBatch
-    from router.core.checkpoint import admit_batch
+    from router.core.fanout.checkpoint import admit_batch
     from router.core.steps import Failure
 
     stored = {"_id": "j", "data_key": ACT.data_key, "event_time": WHEN, "batch_size": 1000, "batches_total": None}
@@ -240,7 +240,7 @@ def test_announce_batch_records_each_part_once() -> None:
     import attrs
 
     from router import ClusterUnavailable, RequestRefused
-    from router.core.checkpoint import announce_batch
+    from router.core.fanout.checkpoint import announce_batch
     from router.core.steps import Failure, Insert, InsertOutcome, WriteError
 
     side = attrs.evolve(JOB, job_id="j/inactive")
@@ -270,7 +270,7 @@ def test_announce_batch_tells_which_parts_sent_before_are_done_by_now() -> None:
     import attrs
 
     from router import ClusterUnavailable
-    from router.core.checkpoint import announce_batch
+    from router.core.fanout.checkpoint import announce_batch
     from router.core.steps import Failure, Find, InsertOutcome, WriteError
 
     side = attrs.evolve(JOB, job_id="j/inactive")

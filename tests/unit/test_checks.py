@@ -1,11 +1,11 @@
-"""The sender-list rule (router.core.checks.check_senders): one check, the argument named as the caller gave it."""
+"""The sender-list rule (router.core.writes.checks.check_senders): one check, the argument named as the caller gave it."""
 
 from __future__ import annotations
 
 import pytest
 
 from router import InvalidItem
-from router.core.checks import check_senders
+from router.core.writes.checks import check_senders
 
 
 @pytest.mark.parametrize(("field", "per"), [("pull", "read"), ("senders", "backfill")])

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from router import Activity, ClusterMeta, ItemDeleted, data_key
-from router.core.edits import EditSettings, delete_program, update_program
-from router.core.fanout import FanOutJob, batch_program
+from router.core.writes.edits import EditSettings, delete_program, update_program
+from router.core.fanout.plan import FanOutJob, batch_program
 from router.core.policy import RetryPolicy
-from router.core.social import backfill_program, store_outbox
+from router.core.social.publish import backfill_program, store_outbox
 from router.core.steps import Program
 from router.testing.scripted import Run, ScriptedStore, interleavings, run_alone
 from router.timemap import TimeMap

@@ -1,5 +1,5 @@
 """Erasure and export values without a server: pseudonyms, the erasure key in clusters.yaml, the status of records,
-the registry's ids as the migration makes them, and the export's files."""
+the registry's ids, and the export's files."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from bson import Decimal128, ObjectId
 from bson.int64 import Int64
 
 from router import Activity, ConfigError, FeedItem, InvalidItem, parse_config
-from router.core.erasure import ErasureRecord, ErasureStatus
-from router.core.export import ExportSummary
+from router.core.privacy.erasure import ErasureRecord, ErasureStatus
+from router.core.privacy.export import ExportSummary
 from router.core.layouts import posts
 from router.core.layouts.buckets import first_bucket
 from router.core.pseudonyms import DEFAULT_KEY, Pseudonyms
@@ -52,7 +52,7 @@ def test_a_user_has_one_pseudonym_whatever_int_type_carries_the_id(user: int) ->
     names = Pseudonyms(b"k" * 32)
     assert names.of(Int64(user)) == names.of(user) != names.of(str(user))
     assert names.many([user, Int64(user)]).keys() == {names.of(user)}
-    assert posts.entry_id(Int64(user), "ab") == posts.entry_id(user, "ab") != posts.entry_id(str(user), "ab")
+    assert posts.post_id(Int64(user), "ab") == posts.post_id(user, "ab") != posts.post_id(str(user), "ab")
     assert first_bucket(Int64(user)) == first_bucket(user) != first_bucket(str(user))
     assert type(identity(Int64(user))) is int and identity(Int64(user)) == user
     assert sendable([1, Int64(user)], 0) == [1, user]
@@ -78,19 +78,28 @@ def test_the_erasure_key_comes_from_clusters_yaml_and_is_never_shown() -> None:
         parse_config(YAML + "erasure: {}\n")
 
 
-def test_the_migration_registers_posts_under_the_ids_the_writers_use() -> None:
-    """Migration 0006 builds registry ids as router.core.layouts.posts does (a copy of the rule, as shipped
-    migrations keep theirs), for int and str senders and a data_key holding the separators."""
-    path = Path(__file__).resolve().parents[2] / "migrations" / "0006_erasure.py"
-    spec = importlib.util.spec_from_file_location("migration_0006", path)
+def _migration(name: str) -> Any:
+    path = Path(__file__).resolve().parents[2] / "migrations" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"migration_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_registry_ids_name_a_post_once_and_apart_from_the_other_shapes() -> None:
+    """A post registered alone is named by its pair (injective), apart from migration 0006's ids of one post (a
+    digit first; a bson.Int64 sender is the int's there too), the writes' (``w``) and migration 0008's (``m``), which
+    cuts documents as the writers do (a copy of the rule, as shipped migrations keep theirs)."""
+    m6, m8 = _migration("0006_erasure"), _migration("0008_registry_by_write")
+    assert posts.post_id(7, "ab") != posts.post_id("7", "ab") != posts.post_id(7, "ab7")
     for sender, key in ((7, "abc"), ("7", "abc"), ("u", "4:xyzi7"), (-3, "k"), (Int64(7), "abc"), (Int64(2**40), "k")):
-        assert module.registry_id(sender, key) == posts.entry_id(sender, key)
-    assert module.registry_id(Int64(2**40), "k") == posts.entry_id(2**40, "k")  # one sender, one entry
-    assert posts.entry_id(7, "ab") != posts.entry_id("7", "ab") != posts.entry_id(7, "ab7")
-    assert [role for role, _ in module.pipelines("buckets")] == ["feed", "outbox"]
+        assert posts.post_id(sender, key).startswith("p") and m6.registry_id(sender, key)[0].isdigit()
+    assert m6.registry_id(Int64(2**40), "k") == m6.registry_id(2**40, "k")  # one sender, one entry
+    item = FeedItem(receiver_id=1, sender_id=7, event_time=T, type=1, data={}, data_key="ab")
+    assert [e.id[0] for e in posts.of_items([item])] == ["w"]
+    assert m8.KEYS == posts.KEYS
+    assert [role for role, _ in m6.pipelines("buckets")] == ["feed", "outbox"]
 
 
 def record(cluster: str, request: str, state: str) -> ErasureRecord:
@@ -181,7 +190,7 @@ def test_copies_of_a_page_are_removed_a_few_posts_at_a_time() -> None:
     order; after the first group (8 posts), a group of big posts holds one post, and the small ones are taken in groups that double
     up to the page, so the page costs 22 groups, not 500 (one statement over all 500 keys gathered every copy's index
     entry per step, which ran out of time on DocumentDB)."""
-    from router.core.erasure import _copies_of
+    from router.core.privacy.erasure import _copies_of
     from router.core.layouts import EditSettings
 
     keys = [f"k{n:03}" for n in range(500)]

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from router import Activity, ClusterMeta, SenderErased, data_key
-from router.core.checkpoint import start_job
-from router.core.erasure import ErasurePlan, erase_program
-from router.core.fanout import FanOutJob, batch_program
+from router.core.fanout.checkpoint import start_job
+from router.core.privacy.erasure import ErasurePlan, erase_program
+from router.core.fanout.plan import FanOutJob, batch_program
 from router.core.layouts import EditSettings
 from router.core.policy import RetryPolicy
 from router.core.pseudonyms import Pseudonyms
-from router.core.social import backfill_program, store_outbox
+from router.core.social.publish import backfill_program, store_outbox
 from router.core.layouts import posts
 from router.core.steps import Program
 from router.testing.scripted import Run, ScriptedStore, interleavings, run_alone, sampled
@@ -66,7 +66,7 @@ def started(of: FanOutJob, *receivers: int) -> Any:
     def setup(store: ScriptedStore) -> None:
         a = of.activity
         post = posts.Registered(a.sender_id, a.data_key, a.event_time)
-        store.answer(posts.REGISTRY.store(CLUSTER, posts.REGISTRY.documents([post]), 0.0))
+        store.answer(posts.REGISTRY.store(CLUSTER, posts.REGISTRY.documents([post.entry()]), 0.0))
         run_alone(batch(of, 0, list(receivers), record=False), store)
     return setup
 

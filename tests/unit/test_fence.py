@@ -9,16 +9,16 @@ import pytest
 from bson.int64 import Int64
 
 from router import Activity, ItemDeleted, data_key
-from router.core.checkpoint import job_status
-from router.core.edits import EditSettings, delete_program, update_program
-from router.core.fanout import FanOutJob, batch_program
-from router.core.checkpoint import fenced_status, start_job
-from router.core.fence import DELETED, NEVER, Fence, FenceMemo, fence_of
+from router.core.fanout.checkpoint import job_status
+from router.core.writes.edits import EditSettings, delete_program, update_program
+from router.core.fanout.plan import FanOutJob, batch_program
+from router.core.fanout.checkpoint import fenced_status, start_job
+from router.core.writes.fence import DELETED, NEVER, Fence, FenceMemo, fence_of
 from router.core.policy import RetryPolicy
-from router.core.live.push import Push
+from router.core.push import Push
 from router.core.steps import Concurrently, Find, Insert
-from router.core.runs import STOP
-from router.core.tally import RunState
+from router.core.fanout.runs import STOP
+from router.core.fanout.tally import RunState
 from router.testing.scripted import ScriptedStore, run_alone
 
 UTC = timezone.utc

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router import FeedItem, GroupBy, InvalidCursor, InvalidItem, Position
-from router.core.groups import (
+from router.core.notify.groups import (
     Group,
     GroupCursor,
     canonical,

@@ -47,10 +47,10 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            yield target
-            for alias in node.names:  # `from . import seen` imports the module router.core.seen
-                if f"{target}.{alias.name}" in MODULES:
-                    yield f"{target}.{alias.name}"
+            submodules = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in MODULES]
+            if len(submodules) < len(node.names):  # names the package itself defines or re-exports
+                yield target
+            yield from submodules  # `from . import seen` imports the module router.core.notify.seen
 
 
 def graph() -> dict[str, set[str]]:
@@ -134,3 +134,77 @@ def test_sibling_layouts_never_import_each_other(layout: str) -> None:
     """A layout uses the contract (base), the values and the neutral helpers (queries), never another layout."""
     others = set(LAYOUT_MODULES) - {layout}
     assert not graph()[layout] & others, sorted(graph()[layout] & others)
+
+
+#: The core's concerns, each a subpackage of router.core, in the order they may depend on each other: a concern
+#: imports only the kernel (the core's top-level modules named in KERNEL) and the concerns before it. ``settings``
+#: and ``calls`` are top-level modules with a place of their own in that order.
+KERNEL = ("router.core.steps", "router.core.policy", "router.core.nogc", "router.core.pseudonyms", "router.core.push")
+CONCERNS = ("layouts", "periods", "writes", "reads", "fanout", "social", "settings", "notify", "privacy", "calls",
+            "live")
+
+
+def concern_of(module: str) -> str | None:
+    """The concern *module* belongs to ("kernel" for the kernel, None outside router.core or for the core itself)."""
+    if module in KERNEL:
+        return "kernel"
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["router", "core"] and len(parts) > 2 else None
+
+
+def test_the_core_is_grouped_by_concern() -> None:
+    """Every module of router.core is the kernel or belongs to a named concern: a new module finds its place."""
+    assert {c for m in MODULES if (c := concern_of(m)) is not None} == {"kernel", *CONCERNS}
+
+
+def test_concerns_depend_one_way() -> None:
+    """A concern imports the kernel and the concerns before it in CONCERNS, never one after it; the kernel imports no
+    concern."""
+    rank = {"kernel": -1, **{c: i for i, c in enumerate(CONCERNS)}}
+    wrong = sorted(f"{m} -> {t}" for m, targets in graph().items() if (c := concern_of(m)) is not None
+                   for t in targets if (d := concern_of(t)) is not None and c != d and rank[d] >= rank[c])
+    assert wrong == []
+
+
+def _package_names(concern: str) -> set[str]:
+    """What router.core.<concern>'s __init__ offers others: its ``__all__``."""
+    tree = ast.parse((ROUTER / "core" / concern / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_other_modules_use_a_concern_through_its_package() -> None:
+    """No module outside a concern reaches into its modules: it imports the package's ``__all__`` only (the modules a
+    concern keeps to itself can change without touching anyone else)."""
+    packages = {c for c in CONCERNS if (ROUTER / "core" / c / "__init__.py").exists()}
+    wrong = []
+    for module, path in MODULES.items():
+        is_package = path.name == "__init__.py"
+        package = module if is_package else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")
+            target = (".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+                      if node.level else node.module or "")
+            parts = target.split(".")
+            if parts[:2] != ["router", "core"] or len(parts) < 3 or parts[2] not in packages:
+                continue
+            if module.split(".")[:3] == parts[:3]:
+                continue  # inside the concern
+            if len(parts) > 3:
+                wrong.append(f"{module}: from {target}")
+            else:
+                wrong += [f"{module}: {target}.{a.name}" for a in node.names if a.name not in _package_names(parts[2])]
+    assert wrong == []
+
+
+def test_each_concern_says_what_it_owns_and_may_import() -> None:
+    """Each concern's package opens with a docstring naming what it owns and what it may import."""
+    for concern in CONCERNS:
+        init = ROUTER / "core" / concern / "__init__.py"
+        if init.exists():
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            assert "May import" in doc or "may import" in doc, concern

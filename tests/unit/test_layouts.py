@@ -11,7 +11,7 @@ import pytest
 from bson import Int64, ObjectId
 
 from router.core.layouts import DEFAULT, LAYOUTS, Copy, EditSettings, FanBatch, layout_named
-from router.core.checks import MAX_DATA_BYTES
+from router.core.writes.checks import MAX_DATA_BYTES
 from router.core.layouts.bucket_items import data_charge, slot
 from router.core.layouts.queries import DIGEST, digest, newer_than, older_than
 from router.core.steps import Update
@@ -61,16 +61,16 @@ STORED_FIELDS = {"_id", "receiver_id", "data_key", "sender_id", "event_time", "t
                  "moved", "moving"}
 #: Modules that build or read documents of other collections, and the fields of those documents they may name.
 OTHER_DOCUMENTS = {
-    "core/seen.py": ({"_id", "receiver_id", "event_time"}, "seen markers"),
-    "core/fence.py": ({"_id", "data_key", "data"}, "edit fence records"),
-    "core/checkpoint.py": ({"_id", "data_key", "event_time"}, "fan-out checkpoints and batch records"),
-    "core/erasure.py": ({"_id"}, "erasure records"),
-    "core/jobs.py": ({"sender_id", "type", "data", "data_key"}, "a Celery task's JSON (the activity)"),
-    "core/live/push.py": ({"_id", "receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
+    "core/notify/seen.py": ({"_id", "receiver_id", "event_time"}, "seen markers"),
+    "core/writes/fence.py": ({"_id", "data_key", "data"}, "edit fence records"),
+    "core/fanout/checkpoint.py": ({"_id", "data_key", "event_time"}, "fan-out checkpoints and batch records"),
+    "core/privacy/erasure.py": ({"_id"}, "erasure records"),
+    "core/fanout/jobs.py": ({"sender_id", "type", "data", "data_key"}, "a Celery task's JSON (the activity)"),
+    "core/push.py": ({"_id", "receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
                           "live messages on Redis (an item as a page shows it)"),
     "core/live/stream.py": ({"_id", "receiver_id", "sender_id", "event_time", "type", "data", "data_key"},
                             "live messages on Redis (an item as a page shows it)"),
-    "core/metadata.py": ({"_id"}, "metadata documents"),
+    "core/periods/metadata.py": ({"_id"}, "metadata documents"),
     "model.py": ({"_id"}, "metadata documents (ClusterMeta.to_document)"),
     "storage/clusters.py": ({"_id"}, "metadata documents"),
     "storage/finds.py": ({"_id"}, "any collection's documents: _id ends the order a read continues in"),
@@ -178,7 +178,7 @@ def test_a_users_data_is_found_by_the_layouts_own_indexes(name: str) -> None:
     after = Position(datetime(2024, 5, 4, tzinfo=UTC), ObjectId())
     programs = [layout.remove_sent("c", 7, ["k1", "k2"], steps), layout.remove_received("c", 7, steps),
                 layout.oldest_first("c", 7, None, 10, 0.0), layout.oldest_first("c", 7, after, 10, 0.0),
-                layout.sent_copy("c", 7, "k1", 0.0)]
+                layout.sent_copy("c", 7, "k1", 0.0), layout.sent_copy("c", 7, "k1", 0.0, at=after.event_time)]
     for program in programs:
         _result, sent = run_alone(program)
         assert sent

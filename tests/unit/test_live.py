@@ -17,10 +17,10 @@ import pytest
 from bson import ObjectId
 
 from router import Activity, FeedItem, Page, data_key
-from router.core.edits import EditSettings, delete_program, update_program
-from router.core.fanout import FanOutJob, batch_program
-from router.core.fence import DELETED, Fence
-from router.core.live.push import (
+from router.core.writes.edits import EditSettings, delete_program, update_program
+from router.core.fanout.plan import FanOutJob, batch_program
+from router.core.writes.fence import DELETED, Fence
+from router.core.push import (
     GAP, Messages, Push, PushCopies, PushEdit, PushItems, PushPost, cleanups, decode, member,
 )
 from router.core.live.stream import (
@@ -31,7 +31,7 @@ from router.core.layouts import outbox
 from router.core.layouts.values import Post
 from router.core.policy import RetryPolicy
 from router.core.steps import Find, Insert, Program
-from router.core.writes import WriteSettings, write_program
+from router.core.writes.insert import WriteSettings, write_program
 from router.cursor import Position, decode_cursor, encode_cursor
 from router.errors import WriteFailed
 from router.testing.scripted import ScriptedStore, interleavings, run_alone
@@ -252,7 +252,7 @@ def test_write_many_pushes_what_it_stored_after_storing_it() -> None:
     store.docs("c3", "feed")[taken.id] = {"_id": taken.id, "receiver_id": 99, "sender_id": 1, "event_time": T0,
                                            "type": 1, "data": {}, "data_key": "other"}  # another item under its id
     timemap = TimeMap([ClusterMeta(name="c3", start_date=datetime(2024, 7, 1, tzinfo=UTC))])
-    from router.core.routing import Routing
+    from router.core.periods.routing import Routing
 
     log: list[tuple[Push, int]] = []
     with pytest.raises(WriteFailed):

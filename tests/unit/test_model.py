@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router import ClusterMeta, FeedItem, InvalidItem
-from router.core.checks import check_item
+from router.core.writes.checks import check_item
 from router.core.layouts import LAYOUTS, Copy, CopyList
 
 UTC = timezone.utc

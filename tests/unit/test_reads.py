@@ -12,7 +12,7 @@ import pytest
 from bson import ObjectId
 
 from router import ClusterMeta, ClusterUnavailable, Page, ReadWindow, TimeMap
-from router.core.reads import ReadPlan, read_program
+from router.core.reads.pages import ReadPlan, read_program
 from router.core.steps import Concurrently, Failure, Find, Program, Report
 from router.cursor import CursorState, decode_state
 

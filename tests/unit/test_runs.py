@@ -1,4 +1,4 @@
-"""The one fan-out run loop (router.core.runs), driven by a scripted engine; and that every engine uses it."""
+"""The one fan-out run loop (router.core.fanout.runs), driven by a scripted engine; and that every engine uses it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from router import Activity, SenderErased, data_key
-from router.core.fanout import BatchOutcome, FanOutJob, batches
-from router.core.fence import SENDER_ERASED
-from router.core.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
-from router.core.tally import RunState
+from router.core.fanout.plan import BatchOutcome, FanOutJob, batches
+from router.core.writes.fence import SENDER_ERASED
+from router.core.fanout.runs import FREE_SLOT, NEXT_BATCH, RELEASE, Send, Step, drive, run_loop
+from router.core.fanout.tally import RunState
 from router.fanout.celery_plan import PublishRun
 from router.testing.scripted import ScriptedStore, run_alone
 
@@ -150,5 +150,5 @@ def test_engines_supply_only_how_they_wait_and_send(engine: str) -> None:
     tree = ast.parse((ROUTER / engine).read_text())
     called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
               for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    assert "run_loop" in called, f"{engine} does not drive router.core.runs.run_loop"
+    assert "run_loop" in called, f"{engine} does not drive router.core.fanout.runs.run_loop"
     assert not called & LOOP_ONLY, f"{engine} runs part of the loop itself: {sorted(called & LOOP_ONLY)}"

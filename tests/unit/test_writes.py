@@ -1,16 +1,18 @@
-"""The insert program, driven by hand: each request answered as a driver would."""
+"""The insert program, driven by hand: each request answered as a driver would; a write's shares built."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from bson import ObjectId
 
-from router import ClusterUnavailable, ItemRefused
+from router import ClusterMeta, ClusterUnavailable, FeedItem, ItemRefused
 from router.core.policy import RetryPolicy, deadline_in
+from router.core.periods.routing import Routing
 from router.core.steps import Insert, InsertOutcome, WriteError
-from router.core.writes import InsertResult, insert_program
+from router.core.writes.insert import InsertResult, insert_program, prepare_documents
 from router.core.layouts import LAYOUTS, Copy, CopyList
+from router.timemap import TimeMap
 
 T = datetime(2024, 7, 2, tzinfo=timezone.utc)
 
@@ -64,3 +66,27 @@ def test_a_buckets_duplicate_is_read_back_and_a_copy_not_found_is_stored_again()
     else:  # pragma: no cover
         raise AssertionError("a third send")
     assert (result.written, result.present, result.failed) == (2, (1,), {})
+
+
+def test_a_write_is_built_per_cluster_in_input_order_whether_its_items_are_in_time_order_or_not() -> None:
+    """prepare_documents: each cluster's share holds its items in input order, each document under the id returned
+    at its position, and the registry entries of its posts; items in time order (one run per cluster, sliced) and
+    interleaved (picked one by one) give the same shares."""
+    metas = [ClusterMeta(name="a", start_date=T, end_date=T + timedelta(days=1)),
+             ClusterMeta(name="b", start_date=T + timedelta(days=1))]
+    routing = Routing(TimeMap(metas), T + timedelta(days=2))
+    items = [FeedItem(receiver_id=i, sender_id=i % 2, event_time=T + timedelta(hours=12 * i), type=1, data={"i": i},
+                      data_key=f"k{i}") for i in range(4)]
+    for order in ([0, 1, 2, 3], [3, 0, 2, 1]):
+        written = [items[i] for i in order]
+        built = prepare_documents(written, routing)
+        assert set(built.documents) == {"a", "b"}
+        for name, (indexes, batch) in built.prepared.batches.items():
+            assert [written[i] for i in indexes] == list(batch.items) and sorted(indexes) == indexes
+            docs = built.documents[name]
+            assert [d["_id"] for d in docs] == [built.prepared.ids[i] for i in indexes] == batch.ids
+            assert [d["data_key"] for d in docs] == [written[i].data_key for i in indexes]
+            assert sorted((e.sender_id, list(e.keys)) for e in built.entries[name]) == sorted(
+                (s, [written[i].data_key for i in indexes if written[i].sender_id == s])
+                for s in {written[i].sender_id for i in indexes})
+        assert [d["data_key"] for d in built.documents["a"]] == [f"k{i}" for i in order if i < 2]

@@ -1,6 +1,8 @@
 """Storage layouts: how a period stores its receivers' copies (see :mod:`.base` for the contract).
 
 :data:`LAYOUTS` is the table the core picks from, by the name a period's metadata records.
+
+May import the kernel only (``steps``, ``policy``, ``nogc``): every other concern builds on the stored shape.
 """
 
 from __future__ import annotations
@@ -9,14 +11,18 @@ from collections.abc import Mapping
 
 from ...errors import InvalidItem, UnknownLayout
 from ...timemap import TimeMap
-from .base import DEFAULT, EditSettings, IndexSpec, Inbox, Layout, Writer
+from .base import DEFAULT, EditSettings, Inbox, IndexSpec, Landed, Layout, Writer
 from .buckets import Buckets
 from .copies import Copies
 from ...layout_names import LAYOUT_NAMES
 from .values import Copy, CopyBatch, CopyList, FanBatch, ItemBatch, Post
+from . import grouping, outbox, posts
+from .grouping import canonical
+from .queries import older_than, outside_clause
 
-__all__ = ["DEFAULT", "Copy", "CopyBatch", "CopyList", "EditSettings", "FanBatch", "IndexSpec", "Inbox", "ItemBatch",
-           "LAYOUTS", "Layout", "Post", "Writer", "layout_for", "layout_named"]
+__all__ = ["canonical", "Copy", "CopyBatch", "CopyList", "DEFAULT", "EditSettings", "FanBatch", "grouping", "Inbox",
+           "IndexSpec", "ItemBatch", "Landed", "Layout", "layout_for", "layout_named", "LAYOUTS", "older_than",
+           "outbox", "outside_clause", "Post", "posts", "Writer"]
 
 #: Every layout, by the name recorded in a period's metadata. A new layout is one more row here (and its name in
 #: :data:`router.layout_names.LAYOUT_NAMES`); the contract suite runs over this table.

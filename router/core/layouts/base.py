@@ -45,7 +45,7 @@ B = TypeVar("B")
 
 
 class Writer(abc.ABC, Generic[B]):
-    """How one kind of document is stored by the insert loop (:func:`router.core.writes.insert_program`): from a
+    """How one kind of document is stored by the insert loop (:func:`router.core.writes.insert.insert_program`): from a
     batch of values *B* to documents, and back when a duplicate must be sorted out.
 
     A layout is the writer of copies; :mod:`.outbox` has the writer of posts; other collections (the edit
@@ -128,7 +128,7 @@ class EditSettings:
 Edited = tuple[int, Any]
 #: What an edit that writes copies anew (a ``buckets`` update moving a copy to another bucket) does right after writing
 #: them, given the cluster, the ``data_key`` and the copies: bring them up to the edit fence and the erasure records,
-#: as every writer does (:func:`router.core.fence.settle`); None, or the failure that left them in doubt.
+#: as every writer does (:func:`router.core.writes.fence.settle`); None, or the failure that left them in doubt.
 Landed = Callable[[str, str, Sequence[Copy]], Program[Failure | None]]
 
 
@@ -242,7 +242,7 @@ class Layout(Writer[CopyBatch]):
     def remove_sender(self, cluster: str, receiver_id: int | str, sender_id: int | str, steps: EditSettings) -> Program[Edited]:
         """Remove every copy from *sender_id* in *receiver_id*'s feed (unfollow)."""
 
-    # -- a user's data: erasure and export (router.core.erasure, router.core.export) ------------------
+    # -- a user's data: erasure and export (router.core.privacy.erasure, router.core.privacy.export) ------------------
     @abc.abstractmethod
     def remove_sent(self, cluster: str, sender_id: int | str, keys: Sequence[str], steps: EditSettings) -> Program[Edited]:
         """Remove every copy of the posts *keys* that *sender_id* sent, in bounded steps; count the copies."""
@@ -258,9 +258,9 @@ class Layout(Writer[CopyBatch]):
         first (``full``: more may follow)."""
 
     @abc.abstractmethod
-    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
-                  deadline: float) -> Program[FeedItem | None | Failure]:
-        """One stored copy of *sender_id*'s post *data_key* (None: none here)."""
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str, deadline: float, *,
+                  at: datetime | None = None) -> Program[FeedItem | None | Failure]:
+        """One stored copy of *sender_id*'s post *data_key*, of time *at* when given (None: none here)."""
 
     # -- operators ------------------------------------------------------------------------------
     @abc.abstractmethod

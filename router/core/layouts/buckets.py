@@ -356,13 +356,13 @@ class Buckets(Layout):
                      deadline: float) -> Program[Inbox | Failure]:
         return (yield from _walk(cluster, receiver_id, after, need, (), deadline, newest_first=False))
 
-    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
-                  deadline: float) -> Program[FeedItem | None | Failure]:
-        mine = {"data_key": data_key, "sender_id": sender_id}
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str, deadline: float, *,
+                  at: datetime | None = None) -> Program[FeedItem | None | Failure]:
+        mine = {"data_key": data_key, "sender_id": sender_id, **({"event_time": at} if at is not None else {})}
         docs = yield Find(cluster, "feed", {"items": {"$elemMatch": mine}}, deadline, limit=1)
         if isinstance(docs, Failure):
             return docs
-        items = [i for d in docs for i in d.get("items", ()) if i.get("data_key") == data_key and i.get("sender_id") == sender_id]
+        items = [i for d in docs for i in d.get("items", ()) if all(i.get(k) == v for k, v in mine.items())]
         return feed_item(items[0], docs[0]["receiver_id"]) if items else None
 
     # -- operators ------------------------------------------------------------------------------

@@ -133,9 +133,10 @@ class Copies(Layout):
             return docs
         return Inbox(_entries(docs), len(docs) == need)
 
-    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str,
-                  deadline: float) -> Program[FeedItem | None | Failure]:
-        docs = yield Find(cluster, "feed", {"data_key": data_key, "sender_id": sender_id}, deadline, limit=1)
+    def sent_copy(self, cluster: str, sender_id: int | str, data_key: str, deadline: float, *,
+                  at: datetime | None = None) -> Program[FeedItem | None | Failure]:
+        match = {"data_key": data_key, "sender_id": sender_id, **({"event_time": at} if at is not None else {})}
+        docs = yield Find(cluster, "feed", match, deadline, limit=1)
         if isinstance(docs, Failure):
             return docs
         return _entries(docs[:1])[0][2] if docs else None

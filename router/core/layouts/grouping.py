@@ -1,6 +1,6 @@
 """The requests and answers of grouped reads: the one place that names a copy's fields for them.
 
-:mod:`router.core.group_reads` walks windows and merges counts; what it asks a cluster is
+:mod:`router.core.notify.group_reads` walks windows and merges counts; what it asks a cluster is
 built here, on the stream of copies each layout supplies
 (:meth:`~router.core.layouts.base.Layout.copy_stream`) and the stream of posts the outbox
 supplies (:func:`.outbox.stream`), and what comes back is read here, as values (a streamed
@@ -17,7 +17,7 @@ copy as a :class:`~.values.Copy`; posts are read by :mod:`.outbox`, as :class:`~
   window, read whole (a few authors' posts) and counted by the caller, each post once.
 
 A missing key field groups as ``None`` (``$ifNull``), as :meth:`GroupBy.values_of
-<router.core.groups.GroupBy.values_of>` reads it from an item.
+<router.core.notify.groups.GroupBy.values_of>` reads it from an item.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def edit(cluster: str, data_key: str, data: Mapping[str, Any] | None, settings: 
     return answer if isinstance(answer, Failure) else None
 
 
-# -- a user's posts: erasure and export (router.core.erasure, router.core.export) -----------------
+# -- a user's posts: erasure and export (router.core.privacy.erasure, router.core.privacy.export) -----------------
 
 
 def sent_keys(cluster: str, sender_id: int | str, deadline: float, *, limit: int) -> Program[list[str] | Failure]:

@@ -3,7 +3,7 @@
 **The protocol.** A subscription first subscribes (its channels confirmed by Redis, its members
 in the presence set), *then* catches up from storage (``read`` pages, newest first, down to
 its cursor), *then* hands out what arrived live meanwhile and afterwards, dropping by id what
-came both ways. A writer pushes after storing (:mod:`router.core.live.push`), so an item
+came both ways. A writer pushes after storing (:mod:`router.core.push`), so an item
 stored before the catch-up's read is in that read, and one stored after it is pushed to a
 subscriber already there: nothing falls between the page and the stream, and nothing is
 served twice. After a break (the backlog overflowed, the connection was lost, a writer could
@@ -38,12 +38,11 @@ from ...ids import copy_ids
 from ...model import EPOCH, Activity, FeedItem, Page, to_millis
 from .. import calls
 from ..calls import View
-from ..checks import check_ids, check_senders
-from ..layouts import outbox
-from ..layouts.values import Post
+from ..writes import check_ids, check_senders
+from ..layouts import Post, outbox
 from ..settings import MAX_TYPES
 from ..steps import Program
-from .push import decode, member
+from ..push import decode, member
 
 __all__ = [
     "Backlog", "CatchUp", "DeletedItem", "LiveEvent", "LivePlan", "NewItem", "Resync", "Stream", "UpdatedItem",

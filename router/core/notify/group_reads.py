@@ -2,14 +2,14 @@
 
 **A page** (:func:`groups_program`): the seen marker (one ``find`` per cluster, newest first,
 until one has it); on the walk's first page, the walk's first items (a page of
-:func:`~router.core.reads.read_program` in the newest period: twice the groups asked times the
+:func:`~router.core.reads.pages.read_program` in the newest period: twice the groups asked times the
 newest actors shown, which costs FerretDB 2 about what one item does) give the ceiling (the
 newest item), name the first window, and show most groups' newest actors (in each group, its
 newest items come first). For each
 window the page takes, every cluster whose period meets the window (and has started) is asked
 once to *rank and count* the window's groups (one ``aggregate``, one ``$group`` by key: of the
 groups served so far in that window plus the ones still missing plus one, their newest items,
-items, first times, the distinct actors of up to :data:`~router.core.groups.ACTORS_COUNTED` of
+items, first times, the distinct actors of up to :data:`~router.core.notify.groups.ACTORS_COUNTED` of
 their items and, past a walk's first page, their newest items by position and sender; a server
 without ``$topN`` and ``$firstN`` is asked again with ``$push``). Where the window meets
 several periods, each is asked once more for the groups taken, with their actors' ids, so a
@@ -26,7 +26,7 @@ newest items reads them whole (by id: a group row carries positions, never items
 together could pass 16 MiB), and one ``find`` per cluster from the newest down to the oldest
 group's newest item reads the read marks.
 
-Read marks and the unseen-groups badge are :mod:`router.core.group_marks`'s.
+Read marks and the unseen-groups badge are :mod:`router.core.notify.group_marks`'s.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 import attrs
 from bson import ObjectId
 
-from ..cursor import CursorState, Position
-from ..errors import GroupsUnsupported
-from ..model import FeedItem
-from ..timemap import ReadWindow, TimeMap
+from ...cursor import CursorState, Position
+from ...errors import GroupsUnsupported
+from ...model import FeedItem
+from ...timemap import ReadWindow, TimeMap
 from .groups import (
     ACTORS_COUNTED,
     Group,
@@ -56,12 +56,12 @@ from .groups import (
     newest_actors,
     position_key,
 )
-from .layouts import grouping, layout_for
-from .reads import ReadPlan, read_program
-from .settings import MAX_PAGE
+from ..layouts import grouping, layout_for
+from ..reads import ReadPlan, read_program
+from ..settings import MAX_PAGE
 from .seen import ALL_GROUPS as ALL
 from .seen import highest_read_marks, marker_program, read_marks_find
-from .steps import Aggregate, Concurrently, Failure, InsertOutcome, Program, Request
+from ..steps import Aggregate, Concurrently, Failure, InsertOutcome, Program, Request
 
 __all__ = ["GroupPlan", "answer_of", "groups_program", "one"]
 
@@ -139,7 +139,7 @@ def _copies(plan: GroupPlan, ceiling: Position | None,
 def _pulled(plan: GroupPlan, clusters: Sequence[str], start: datetime, end: datetime,
             ceiling: Position) -> Program[dict[Hashable, list[FeedItem]]]:
     """The pulled senders' items in ``[start, end)`` at or below *ceiling*, each post once, by group (the
-    :func:`~router.core.groups.ident` of its values)."""
+    :func:`~router.core.notify.groups.ident` of its values)."""
     programs: list[Program[Any]] = []
     for name in clusters:
         layout = layout_for(plan.timemap, name)
@@ -175,7 +175,7 @@ class _Ranked:
 
     @property
     def group(self) -> Hashable:
-        """What tells this group from another in the router's dicts (:func:`~router.core.groups.ident`)."""
+        """What tells this group from another in the router's dicts (:func:`~router.core.notify.groups.ident`)."""
         return ident(self.values)
 
 

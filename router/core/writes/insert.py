@@ -1,7 +1,7 @@
 """Writes: check, route and build every item, then insert each cluster's share, retrying what may be retried.
 
 :func:`prepare` is the router's per-item hot path (about 1.7 µs an item): check the item,
-ask the chooser (:meth:`~router.core.routing.Routing.locate`) for its cluster, make its
+ask the chooser (:meth:`~router.core.periods.routing.Routing.locate`) for its cluster, make its
 ``_id``; each cluster's layout then builds its share's documents in one comprehension. :func:`insert_program` is the one insert-and-retry loop of
 the router: ``write_many``, fan-out batches, ``publish`` and backfill all use it, and it
 reports every document's outcome, so callers never interpret driver errors.
@@ -32,19 +32,21 @@ from typing import Any, Literal, TypeVar
 import attrs
 from bson import ObjectId
 
-from ..errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
-from ..ids import make_ids
-from ..model import FeedItem
-from ..observe import Event
+from ...config import WRITE_BATCH_SIZE
+from ...errors import ClusterUnavailable, InvalidItem, ItemRefused, RouterError, WriteFailed
+from ...ids import make_ids
+from ...model import FeedItem
+from ...observe import Event
 from .checks import check_item
-from .layouts import ItemBatch, Layout, Writer, layout_for, posts
-from .live.push import PushItems
-from .nogc import cyclic_gc_paused
-from .policy import RetryPolicy, code_kind, deadline_in
-from .routing import PastHorizon, Routing, routed
-from .steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
+from ..layouts import ItemBatch, Layout, Writer, layout_for, posts
+from ..push import PushItems
+from ..nogc import cyclic_gc_paused
+from ..policy import RetryPolicy, code_kind, deadline_in
+from ..periods import PastHorizon, Routing, routed
+from ..steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
 
-__all__ = ["InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_or_stale", "write_program"]
+__all__ = ["Built", "InsertResult", "Prepared", "WriteSettings", "insert_program", "prepare", "prepare_documents",
+           "prepare_or_stale", "write_program"]
 
 log = logging.getLogger(__name__)
 B = TypeVar("B")
@@ -54,7 +56,7 @@ B = TypeVar("B")
 class WriteSettings:
     """The write tunables from clusters.yaml: documents per insert, retry policy, per-call timeout (seconds)."""
 
-    batch_size: int = 1000
+    batch_size: int = WRITE_BATCH_SIZE
     policy: RetryPolicy = RetryPolicy()
     timeout: float = 10.0
     #: Register each batch's posts by sender (:mod:`router.core.layouts.posts`). False only to measure what that costs
@@ -104,8 +106,18 @@ def _prepare(seq: Sequence[FeedItem], routing: Routing, indexed: bool) -> Prepar
     ids = make_ids(seconds)
     for i, oid in given.items():
         ids[i] = oid
-    batches = {name: (idx, ItemBatch([seq[i] for i in idx], [ids[i] for i in idx])) for name, idx in routes.items()}
+    batches = {name: (idx, _share(seq, ids, idx)) for name, idx in routes.items()}
     return Prepared(ids=ids, batches=batches, given=frozenset(given))
+
+
+def _share(seq: Sequence[FeedItem], ids: list[ObjectId], indexes: list[int]) -> ItemBatch:
+    """The items at *indexes* (ascending) under their ids: sliced when they are one run of the input (a write to one
+    cluster, or items in time order), picked one by one otherwise."""
+    first, n = indexes[0], len(indexes)
+    if indexes[-1] - first + 1 == n:
+        run = seq[first : first + n]
+        return ItemBatch(run if isinstance(run, list) else list(run), ids[first : first + n])
+    return ItemBatch([seq[i] for i in indexes], [ids[i] for i in indexes])
 
 
 def _given_id(oid: object, seconds: int, index: int | None) -> ObjectId:
@@ -146,16 +158,18 @@ def insert_program(
     deadline: float,
     duplicates: Literal["present", "check"],
     given: frozenset[int] = frozenset(),
+    documents: list[Any] | None = None,
 ) -> Program[InsertResult]:
     """Store *batch* (unordered) with *writer*, retrying what the policy allows; report each position's outcome.
 
     *writer* builds the documents and reads them back (a layout for copies, the outbox's writer for posts, or a
     collection's own records); this loop sees positions, outcomes and ids, never a document's fields.
-    *given* lists the positions whose id the caller chose (checked, never renamed).
+    *given* lists the positions whose id the caller chose (checked, never renamed). *documents*: the writer's
+    documents of *batch*, built already (``write_many`` builds every share's in one go: :func:`prepare_documents`).
     A send that fails as a whole and cannot be retried fails every position still pending
     with the cluster's error: their outcome is unknown, so none is reported written.
     """
-    docs = writer.documents(batch)
+    docs = writer.documents(batch) if documents is None else documents
     collection = writer.collection
     racy = not writer.duplicates_prove_stored
     pending = list(range(len(docs)))
@@ -284,10 +298,11 @@ def _sort_duplicates(
 
 
 def _cluster_program(
-    cluster: str, indexes: list[int], copies: ItemBatch, given: frozenset[int], settings: WriteSettings,
-    deadline: float, layout: Layout,
+    cluster: str, indexes: list[int], copies: ItemBatch, documents: list[Any], given: frozenset[int],
+    settings: WriteSettings, deadline: float, layout: Layout,
 ) -> Program[tuple[dict[int, RouterError], dict[int, ObjectId]]]:
-    """One cluster's share of a write, in batches; after a cluster failure the rest is reported, not sent."""
+    """One cluster's share of a write (its *documents* built), in batches; after a cluster failure the rest is
+    reported, not sent."""
     failed: dict[int, RouterError] = {}
     renamed: dict[int, ObjectId] = {}
     size = settings.batch_size
@@ -297,6 +312,7 @@ def _cluster_program(
         part = ItemBatch(copies.items[start : start + size], copies.ids[start : start + size])
         result = yield from insert_program(
             cluster, layout, part, policy=settings.policy, deadline=deadline, duplicates="check", given=mine,
+            documents=documents[start : start + size],
         )
         failed.update((chunk[pos], error) for pos, error in result.failed.items())
         renamed.update((chunk[pos], oid) for pos, oid in result.renamed.items())
@@ -307,22 +323,47 @@ def _cluster_program(
 
 
 def _register_program(
-    cluster: str, indexes: list[int], items: Sequence[FeedItem], settings: WriteSettings, deadline: float,
+    cluster: str, indexes: list[int], items: Sequence[FeedItem], entries: list[posts.Entry], settings: WriteSettings,
+    deadline: float,
 ) -> Program[dict[int, RouterError]]:
-    """Register one cluster's share of a write in its posts registry (:mod:`router.core.layouts.posts`), a batch per
-    ``batch_size`` distinct posts; return the items whose post could not be registered, with the error."""
-    registered, owners = posts.of_items(indexes, items)
-    failed: dict[int, RouterError] = {}
+    """Register one cluster's share of a write in its posts registry (:mod:`router.core.layouts.posts`: *entries*,
+    ``batch_size`` documents an insert); return the items whose post could not be registered, with the error."""
+    unregistered: list[tuple[posts.Entry, RouterError]] = []
     size = settings.batch_size
-    for start in range(0, len(registered), size):
-        chunk = registered[start : start + size]
+    for start in range(0, len(entries), size):
+        chunk = entries[start : start + size]
         result = yield from insert_program(cluster, posts.REGISTRY, chunk, policy=settings.policy, deadline=deadline,
                                            duplicates="present")
-        failed.update((i, error) for pos, error in result.failed.items() for i in owners[chunk[pos].id])
+        unregistered += [(chunk[pos], error) for pos, error in result.failed.items()]
         if result.stopped is not None:
-            failed.update((i, result.stopped.error) for post in registered[start + size :] for i in owners[post.id])
+            unregistered += [(entry, result.stopped.error) for entry in entries[start + size :]]
             break
-    return failed
+    if not unregistered:
+        return {}
+    errors = {(entry.sender_id, key): error for entry, error in unregistered for key in entry.keys}
+    return {i: errors[pair] for i, item in zip(indexes, items) if (pair := (item.sender_id, item.data_key)) in errors}
+
+
+@attrs.frozen
+class Built:
+    """A write ready to send: its items prepared, and per cluster the layout's documents of its share and the
+    registry entries of its posts (none when not registering)."""
+
+    prepared: Prepared
+    documents: dict[str, list[Any]]
+    entries: dict[str, list[posts.Entry]]
+
+
+def prepare_documents(items: Sequence[FeedItem], routing: Routing, *, indexed: bool = True,
+                      register: bool = True) -> Built:
+    """:func:`prepare`, then every cluster's documents and registry entries, under one pause of the cyclic collector
+    (see :mod:`router.core.nogc`): paused for each step alone, it ran in between over the batch's live ids."""
+    with cyclic_gc_paused():
+        prepared = _prepare(items, routing, indexed)
+        shares = prepared.batches.items()
+        documents = {name: layout_for(routing.timemap, name).documents(batch) for name, (_, batch) in shares}
+        entries = {name: posts.of_items(batch.items) for name, (_, batch) in shares} if register else {}
+        return Built(prepared, documents, entries)
 
 
 def prepare_or_stale(items: Sequence[FeedItem], routing: Routing) -> Prepared:
@@ -343,18 +384,21 @@ def write_program(items: Sequence[FeedItem], routing: Routing, settings: WriteSe
 
     # The map the items were routed by (refreshed, past the horizon) also says each period's layout: a new period's
     # copies are stored in its own layout, not in the one an older map gave a cluster it did not know.
-    prepared, routing = yield from routed(lambda r: (prepare(items, r, indexed=indexed), r), routing, where=where)
+    built, routing = yield from routed(
+        lambda r: (prepare_documents(items, r, indexed=indexed, register=settings.register), r), routing, where=where)
     deadline = deadline_in(settings.timeout)  # after any refresh, which has a deadline of its own
+    prepared = built.prepared
     ids = prepared.ids
     if not prepared.batches:
         return ids
     names = list(prepared.batches)
     programs: list[Program[Any]] = [
-        _cluster_program(name, idx, copies, prepared.given, settings, deadline, layout_for(routing.timemap, name))
+        _cluster_program(name, idx, copies, built.documents[name], prepared.given, settings, deadline,
+                         layout_for(routing.timemap, name))
         for name, (idx, copies) in prepared.batches.items()
     ]
     if settings.register:  # each cluster's posts registered by sender, at the same time as its copies are stored
-        programs += [_register_program(name, idx, copies.items, settings, deadline)
+        programs += [_register_program(name, idx, copies.items, built.entries[name], settings, deadline)
                      for name, (idx, copies) in prepared.batches.items()]
     outcomes = yield Concurrently(programs, names + names if settings.register else names)
     unregistered = outcomes[len(names):]

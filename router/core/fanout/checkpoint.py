@@ -42,16 +42,14 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import ClusterError, ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RequestRefused, RouterError
-from ..model import to_millis
-from .layouts import posts
-from .fence import Fence, refuse_deleted
+from ...errors import ClusterError, ClusterUnavailable, FanOutConflict, InvalidBatch, ItemDeleted, RequestRefused, RouterError
+from ...model import to_millis
+from ..layouts import outside_clause, posts
+from ..writes import Fence, insert_program, refuse_deleted
 from .jobs import BatchOutcome, FanOutJob
-from .layouts.queries import outside_clause
-from .policy import DUPLICATE_KEY, RetryPolicy, deadline_in
-from .pseudonyms import Pseudonyms
-from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
-from .writes import insert_program
+from ..policy import DUPLICATE_KEY, RetryPolicy, deadline_in
+from ..pseudonyms import Pseudonyms
+from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, Update, ask
 
 
 __all__ = [
@@ -72,23 +70,23 @@ def start_job(
     an erased sender's, then open the job's checkpoint: the batches done, and the fence to write under.
 
     The registry entry is written before the fence is read, as every writer's documents
-    are (:mod:`router.core.fence`): an erasure that began before the read refuses the job
+    are (:mod:`router.core.writes.fence`): an erasure that began before the read refuses the job
     here, one that began after it finds the post by its entry. A refused post's entry is
     removed again. Raises :class:`~router.errors.SenderErased`, :class:`ItemDeleted`, or the
     cluster's error.
     """
     a = job.activity
     post = posts.Registered(a.sender_id, a.data_key, a.event_time)
-    stored = yield from insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline_in(timeout),
-                                       duplicates="present")
+    stored = yield from insert_program(job.cluster, posts.REGISTRY, [post.entry()], policy=policy,
+                                       deadline=deadline_in(timeout), duplicates="present")
     if stored.failed:
         raise next(iter(stored.failed.values()))
     try:
         fence = yield from refuse_deleted(job.cluster, a.data_key, timeout=timeout, sender=a.sender_id,
                                           pseudonyms=pseudonyms)
     except ItemDeleted:
-        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
-            yield request  # (left behind if this fails: the post's erasure or a later start removes it)
+        # (left behind if this fails: the post's erasure or a later start removes it)
+        yield posts.forget(job.cluster, post, deadline_in(timeout))
         raise
     done = yield from open_checkpoint(job, timeout=timeout)
     return done, fence

@@ -1,7 +1,7 @@
 """The edit fence: once ``delete`` returns, no copy of the post outlives it; once ``update`` returns, no copy keeps old data.
 
 An edit first leaves a record in the ``edits`` collection of every cluster, *then*
-edits the copies (:mod:`router.core.edits`). Every writer that may race an edit (fan-out
+edits the copies (:mod:`router.core.writes.edits`). Every writer that may race an edit (fan-out
 batches on every engine, backfill, the outbox entry of ``publish``) writes first and
 then reads the fence (:func:`settle`): a tombstone there, and it removes what it just
 wrote; an update newer than the data it wrote, and it applies that update to what it
@@ -29,7 +29,7 @@ duplicate ``_id``: another update took that number; read again and take the next
 removes the records it supersedes. A tombstone sorts above every update and is final:
 ``fan_out``/``publish`` of a deleted ``data_key`` raise :class:`~router.errors.ItemDeleted`.
 
-**Erasures** (:mod:`router.core.erasure`) ride on the same rule. An erasure first leaves a
+**Erasures** (:mod:`router.core.privacy.erasure`) ride on the same rule. An erasure first leaves a
 record in every cluster's ``erasures``, holding the user's pseudonym
 (:mod:`router.core.pseudonyms`), then removes what names the user. A writer that says whom
 its documents name (:class:`Parties`: each key's sender, each copy's receiver) reads those
@@ -63,12 +63,12 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterError, ItemDeleted, RequestRefused, SenderErased
-from .policy import RetryPolicy, deadline_in
-from .layouts import Writer
-from .pseudonyms import Pseudonyms
-from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request
-from .writes import insert_program
+from ...errors import ClusterError, ItemDeleted, RequestRefused, SenderErased
+from ..policy import RetryPolicy, deadline_in
+from ..layouts import Writer
+from ..pseudonyms import Pseudonyms
+from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request
+from .insert import insert_program
 
 
 __all__ = [
@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 UTC = timezone.utc
 #: The collection, in every cluster, that holds the edit records.
 EDITS_COLLECTION: Collection = "edits"
-#: The collection, in every cluster, that holds the erasure records (:mod:`router.core.erasure`).
+#: The collection, in every cluster, that holds the erasure records (:mod:`router.core.privacy.erasure`).
 ERASURES_COLLECTION: Collection = "erasures"
 #: A tombstone's ``seq``: above every update's.
 DELETED = 2**62

@@ -23,9 +23,9 @@ item does meanwhile (see ``docs/notification-groups.md`` for the rules).
 
 This module is pure and names no stored field: values, keys, windows and cursors. What a
 grouped read asks a cluster is built in :mod:`router.core.layouts.grouping` (the copies'
-fields are the layouts' to name) and the read marks' documents in :mod:`router.core.seen`
-(their collection's module); the programs are in :mod:`router.core.group_reads` (pages) and
-:mod:`router.core.group_marks` (read marks, the badge).
+fields are the layouts' to name) and the read marks' documents in :mod:`router.core.notify.seen`
+(their collection's module); the programs are in :mod:`router.core.notify.group_reads` (pages) and
+:mod:`router.core.notify.group_marks` (read marks, the badge).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ import bson
 import bson.errors
 from bson import Binary, Decimal128, ObjectId
 
-from ..cursor import Position
-from ..errors import InvalidCursor, InvalidItem
-from ..model import FeedItem, from_millis, to_millis
-from .layouts.grouping import canonical
+from ...cursor import Position
+from ...errors import InvalidCursor, InvalidItem
+from ...model import FeedItem, from_millis, to_millis
+from ..layouts import canonical
 
 __all__ = [
     "ACTORS_COUNTED", "Acted", "DEFAULT_GROUP_BY", "Group", "GroupBy", "GroupCursor", "GroupPage", "MAX_GROUP_PAGE", "MAX_MARKS", "MAX_NEWEST", "UnseenGroups",

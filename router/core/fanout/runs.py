@@ -7,16 +7,16 @@ says what to do next and the engine does it its own way:
   semaphore on threads or on asyncio; nothing for the Celery publisher, which hands each
   batch to the broker before it reads the next);
 * :data:`NEXT_BATCH`: read the next ``(number, first, receivers)`` batch of the stream
-  (:func:`router.core.fanout.batches`) and answer it, or None once the receivers are all read;
+  (:func:`router.core.fanout.plan.batches`) and answer it, or None once the receivers are all read;
 * :data:`RELEASE`: give back the slot taken for a batch that is not sent;
 * :class:`Send`: send what the run admitted (the engine gives its slot back when the
-  batch ends, and adds its outcome up with the run: :meth:`~router.core.tally.RunState.add`).
+  batch ends, and adds its outcome up with the run: :meth:`~router.core.fanout.tally.RunState.add`).
 
 An exception the engine meets while doing a step (the receivers raised, the caller was
 interrupted, the broker refused a task) is thrown into the loop at that step: the loop
 gives back a slot it holds, stops the run with it (``stop(exc, raised=True)``) and ends.
 The engine then waits for what it has in flight and ends the run
-(:meth:`~router.core.tally.RunState.finish`). Engines: :mod:`router.fanout.threads`,
+(:meth:`~router.core.fanout.tally.RunState.finish`). Engines: :mod:`router.fanout.threads`,
 :mod:`router.fanout.tasks`, and the publisher of :mod:`router.fanout.celery`.
 
 Example (how a synchronous engine drives it)::
@@ -55,7 +55,7 @@ Step = Literal["free slot", "next batch", "release"] | Send
 
 
 class LoopRun(Protocol):
-    """What the loop asks of a run (:class:`~router.core.tally.RunState`, or the Celery publisher's run)."""
+    """What the loop asks of a run (:class:`~router.core.fanout.tally.RunState`, or the Celery publisher's run)."""
 
     @property
     def stopping(self) -> bool:

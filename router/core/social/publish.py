@@ -15,7 +15,7 @@
   uses, so racing a live fan-out, or running twice, leaves one copy each. It rebuilds a
   dormant user's inbox and backs ``follow``.
 
-Both read the edit fence after writing (:func:`~router.core.fence.settle`): an outbox
+Both read the edit fence after writing (:func:`~router.core.writes.fence.settle`): an outbox
 entry or a copy of a post deleted meanwhile is removed again (``publish`` then raises
 :class:`~router.errors.ItemDeleted`), one of a post updated meanwhile gets the new data.
 """
@@ -30,21 +30,19 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import InvalidItem, ItemDeleted, SenderErased
-from ..ids import copy_ids, outbox_id
-from ..model import to_utc
-from ..timemap import ReadWindow, TimeMap
-from ..model import Activity
-from .fanout import FanOutJob, plan_job
-from .fence import Parties, settle
-from .layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
-from .live.push import PushItems, PushPost, cleanups
-from .policy import RetryPolicy, deadline_in
-from .pseudonyms import Pseudonyms
-from .routing import Routing
-from .steps import Concurrently, Failure, Program
-from .tally import FanOutResult
-from .writes import insert_program
+from ...errors import InvalidItem, ItemDeleted, SenderErased
+from ...ids import copy_ids, outbox_id
+from ...model import to_utc
+from ...timemap import ReadWindow, TimeMap
+from ...model import Activity
+from ..fanout import FanOutJob, FanOutResult, plan_job
+from ..writes import Parties, insert_program, settle
+from ..layouts import Copy, CopyList, EditSettings, Post, layout_for, outbox, posts
+from ..push import PushItems, PushPost, cleanups
+from ..policy import RetryPolicy, deadline_in
+from ..pseudonyms import Pseudonyms
+from ..periods import Routing
+from ..steps import Concurrently, Failure, Program
 
 __all__ = ["BackfillResult", "PublishResult", "Publishing", "backfill_program", "choose_path", "publish_program",
            "store_outbox"]
@@ -69,7 +67,8 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     results = yield Concurrently([
         insert_program(job.cluster, outbox.OUTBOX, [Post(oid, a)], policy=policy, deadline=deadline,
                        duplicates="present"),
-        insert_program(job.cluster, posts.REGISTRY, [post], policy=policy, deadline=deadline, duplicates="present"),
+        insert_program(job.cluster, posts.REGISTRY, [post.entry()], policy=policy, deadline=deadline,
+                       duplicates="present"),
     ], [job.cluster, job.cluster])
     for result in results:
         if result.failed:
@@ -82,8 +81,8 @@ def store_outbox(job: FanOutJob, *, policy: RetryPolicy, timeout: float, pseudon
     yield from cleanups(settled.fences, {})
     fence = settled.fences[a.data_key]
     if fence.deleted:
-        for request in posts.fix(job.cluster, a.data_key, [post.id], None, deadline_in(timeout)):
-            yield request  # (left behind if this fails: the sender's erasure, or a later publish, removes it)
+        # (left behind if this fails: the sender's erasure, or a later publish, removes it)
+        yield posts.forget(job.cluster, post, deadline_in(timeout))
         raise SenderErased(a.data_key) if fence.erased else ItemDeleted(a.data_key)
     return bool(results[0].written == 1)
 

@@ -1,6 +1,6 @@
 """A fan-out job and a batch's outcome: the plain values the fan-out engines, the checkpoint and the workers share.
 
-Kept apart from :mod:`router.core.fanout` (the programs) so that the checkpoint, which
+Kept apart from :mod:`router.core.fanout.plan` (the programs) so that the checkpoint, which
 records jobs and batches, and the fan-out, which writes them, import values from here
 rather than from each other.
 """
@@ -14,12 +14,11 @@ import attrs
 import bson
 from bson.raw_bson import RawBSONDocument
 
-from ..errors import InvalidItem, RouterError
-from ..model import Activity, from_millis, to_millis
-from .checks import check_activity
-from .fence import Fence
-from .layouts import DEFAULT, layout_named
-from .steps import Failure
+from ...errors import InvalidItem, RouterError
+from ...model import Activity, from_millis, to_millis
+from ..writes import Fence, check_activity
+from ..layouts import DEFAULT, layout_named
+from ..steps import Failure
 
 __all__ = [
     "BatchOutcome", "DEFAULT_CONCURRENCY", "FanOutJob", "MAX_BATCH_SIZE", "MAX_ERRORS", "MAX_FAILED_RECEIVERS",
@@ -104,7 +103,7 @@ class BatchOutcome:
     """What writing one batch did. ``complete``: every valid receiver has its copy and none was invalid.
 
     ``stopped`` is set when the cluster itself failed: an engine should stop sending batches.
-    ``fence`` is the post's edit fence as the batch last read it (:mod:`router.core.fence`):
+    ``fence`` is the post's edit fence as the batch last read it (:mod:`router.core.writes.fence`):
     when it says ``deleted``, the batch's copies are gone and the engine should stop.
     """
 

@@ -5,17 +5,18 @@ first, and hands each record to a :class:`Sink` (the door's :class:`~router.expo
 writes it to a file), three streams:
 
 * ``sent``: the user's posts as they sent them, one :class:`~router.model.Activity` per
-  post, found through the posts registry (:mod:`router.core.layouts.posts`) oldest first;
-  the data comes from the post's outbox entry, or else from one of its copies.
+  post, found through the posts registry (:mod:`router.core.layouts.posts`) oldest first,
+  each once however many registry documents list it; the data comes from the post's outbox
+  entry, or else from one of its copies of the post's time.
 * ``received``: the items of the user's own feed, oldest first (:meth:`Layout.oldest_first`),
   as the :class:`~router.model.FeedItem` values a page serves.
-* ``seen``: the user's seen markers (:class:`~router.core.seen.Marker`).
-* ``read``: the user's read marks of notification groups (:class:`~router.core.seen.ReadMark`).
+* ``seen``: the user's seen markers (:class:`~router.core.notify.seen.Marker`).
+* ``read``: the user's read marks of notification groups (:class:`~router.core.notify.seen.ReadMark`).
 
 Only values cross here: the layouts and :mod:`.seen` read the stored documents, and the
 sink turns each value into a record. Memory stays bounded: each stream is read a page of
-:data:`PAGE` at a time, and a value goes to the sink as soon as it is read, with its
-period (the cluster). Periods do not overlap, so taking them oldest first keeps each stream in time order.
+:data:`PAGE` at a time, and a value goes to the sink as soon as it is read (``sent``: as
+soon as no page still to read can list it), with its period (the cluster). Periods do not overlap, so taking them oldest first keeps each stream in time order.
 
 Example::
 
@@ -26,17 +27,18 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
 import attrs
 
-from ..cursor import Position
-from ..model import Activity
-from ..timemap import TimeMap
-from . import seen
-from .layouts import layout_for, outbox, posts
-from .policy import deadline_in
-from .steps import Concurrently, Failure, Program
+from ...cursor import Position
+from ...model import Activity, to_millis
+from ...timemap import TimeMap
+from ..notify import seen
+from ..layouts import Layout, layout_for, outbox, posts
+from ..policy import deadline_in
+from ..steps import Concurrently, Failure, Program
 
 __all__ = ["PAGE", "STREAMS", "ExportPlan", "ExportProgress", "ExportSummary", "Sink", "export_program"]
 
@@ -49,7 +51,7 @@ PAGE = 500
 class Sink(Protocol):
     """Where an export's records go, one at a time, in order (the door writes them to files): each a value of the
     router's API (an :class:`~router.model.Activity` sent, a :class:`~router.model.FeedItem` received, a
-    :class:`~router.core.seen.Marker`, a :class:`~router.core.seen.ReadMark`) and the period it was read from."""
+    :class:`~router.core.notify.seen.Marker`, a :class:`~router.core.notify.seen.ReadMark`) and the period it was read from."""
 
     def write(self, stream: str, value: Any, period: str) -> None: ...
 
@@ -109,32 +111,45 @@ def _answer(answer: Any) -> Any:
 
 
 def _sent(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:
-    """The user's posts in *cluster*, oldest first: from the registry, with each post's data (its outbox entry, or
-    one of its copies), a page at a time."""
+    """The user's posts in *cluster*, oldest first, each once: their registry's pages oldest first (by each
+    document's earliest time), a post handed on once no page still to read can list it (those list none older than
+    the page's last document), with its data (:func:`_posts`).
+
+    Held meanwhile: the posts read but not handed on, those of documents whose times reach past the page's last."""
     user = plan.user_id
     layout = layout_for(plan.timemap, cluster)
-    after: posts.Registered | None = None
+    waiting: set[tuple[datetime, str]] = set()
+    after: tuple[datetime, str] | None = None
     while True:
         deadline = deadline_in(plan.timeout)
-        page = _answer((yield from posts.registered(cluster, user, deadline, limit=PAGE, after=after)))
-        if not page:
+        page = _answer((yield from posts.page(cluster, user, deadline, after=after, ordered=True)))
+        waiting.update(page.posts)
+        due = sorted(waiting if page.after is None else (p for p in waiting if p[0] < page.after[0]))
+        waiting.difference_update(due)
+        for start in range(0, len(due), PAGE):
+            yield from _posts(layout, cluster, user, due[start : start + PAGE], deadline_in(plan.timeout), emit)
+        if page.after is None:
             return
-        keys = [p.data_key for p in page]
-        published = _answer((yield from outbox.published(cluster, user, keys, deadline)))
-        found = {p.activity.data_key: p.activity for p in published}
-        missing = [k for k in keys if k not in found]
-        copies = yield Concurrently([layout.sent_copy(cluster, user, k, deadline) for k in missing],
-                                    [cluster] * len(missing))
-        for key, copy in zip(missing, copies):
-            item = _answer(copy)
-            if item is not None:
-                found[key] = Activity.from_item(item)
-        for key in keys:  # (a post with nothing stored any more is not one)
-            if key in found:
-                emit(found[key])
-        if len(page) < PAGE:
-            return
-        after = page[-1]
+        after = page.after
+
+
+def _posts(layout: Layout, cluster: str, user: int | str, due: list[tuple[datetime, str]], deadline: float,
+           emit: Emit) -> Program[None]:
+    """The posts *due* ``(time, data_key)``, in that order, each with its data: its outbox entry, or else its copy of
+    that time (a post with nothing stored any more is not one)."""
+    published = _answer((yield from outbox.published(cluster, user, sorted({k for _t, k in due}), deadline)))
+    found = {(p.activity.data_key, to_millis(p.activity.event_time)): p.activity for p in published}
+    missing = [(t, k) for t, k in due if (k, to_millis(t)) not in found]
+    copies = yield Concurrently([layout.sent_copy(cluster, user, k, deadline, at=t) for t, k in missing],
+                                [cluster] * len(missing))
+    for (t, k), copy in zip(missing, copies):
+        item = _answer(copy)
+        if item is not None:
+            found[k, to_millis(t)] = Activity.from_item(item)
+    for t, k in due:
+        activity = found.get((k, to_millis(t)))
+        if activity is not None:
+            emit(activity)
 
 
 def _received(plan: ExportPlan, cluster: str, emit: Emit) -> Program[None]:

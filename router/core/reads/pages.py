@@ -32,14 +32,14 @@ from typing import Literal
 import attrs
 from bson import ObjectId
 
-from ..cursor import CursorState, Position, encode_state
-from ..errors import ClusterUnavailable, RequestRefused
-from ..model import FeedItem, Page
-from ..observe import Event
-from ..timemap import ReadWindow, TimeMap
-from .layouts import Inbox, Layout, Post, layout_for, outbox
-from .policy import turn_deadline
-from .steps import Concurrently, Failure, Program, Report
+from ...cursor import CursorState, Position, encode_state
+from ...errors import ClusterUnavailable, RequestRefused
+from ...model import FeedItem, Page
+from ...observe import Event
+from ...timemap import ReadWindow, TimeMap
+from ..layouts import Inbox, Layout, Post, layout_for, outbox
+from ..policy import turn_deadline
+from ..steps import Concurrently, Failure, Program, Report
 
 __all__ = ["MAX_WAVE", "ReadPlan", "read_program"]
 

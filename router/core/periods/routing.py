@@ -29,10 +29,10 @@ from typing import TypeVar
 
 import attrs
 
-from ..errors import RouterError, StaleMetadata
-from ..observe import Event
-from ..timemap import TimeMap
-from .steps import Program, Refresh, Report
+from ...errors import RouterError, StaleMetadata
+from ...observe import Event
+from ...timemap import TimeMap
+from ..steps import Program, Refresh, Report
 
 __all__ = ["PastHorizon", "Routing", "routed"]
 

@@ -7,21 +7,23 @@ window or not, retired ones included, and standbys). In each cluster, in this or
    ``{_id: request_id, user: <pseudonym>, requested_by, requested_at, clusters, state:
    "running"}``. The record holds the user's pseudonym (:mod:`router.core.pseudonyms`), never
    the id. Every writer of copies reads these records after writing
-   (:mod:`router.core.fence`), so a fan-out batch, Celery task, backfill or publish still
+   (:mod:`router.core.writes.fence`), so a fan-out batch, Celery task, backfill or publish still
    running removes what it writes for the user, and later ones of the user's posts are
    refused (:class:`~router.errors.SenderErased`): only inserts decide, as for the edit fence.
-2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts
-   (:mod:`router.core.layouts.posts`, and their ``outbox`` entries), then every copy of those
-   posts in every receiver's feed, a few posts at a time (:meth:`Layout.remove_sent`), the fan-out job records of
-   those posts (``fanouts``, ``fanout_batches``, ``fanout_sent``), their edit records in
-   every cluster (``edits``: an update's record holds the post's data, and an edit leaves
-   one in each cluster; counted where the post was found), and last the page's ``outbox``
-   and registry entries. What names a post is removed only after everything found by it,
-   so an erasure stopped half-way is finished by calling it again. Each page's data_keys are
-   remembered first, in ``erasures`` under the user's pseudonym (``{_id: "<pseudonym
-   hex>/<request id>/<page>", keys, at}``: no ``user`` field, so no reader of records meets
-   it), and once no registered post is left, every post any erasure of the user remembered
-   in this cluster is swept once more. A writer whose insert landed but whose read of the
+2. **What they sent**, a page of posts at a time: the ``data_key``\\ s of their posts (a page
+   of their registry documents, :mod:`router.core.layouts.posts`, and their ``outbox``
+   entries), then every copy of those posts in every receiver's feed, a few posts at a time
+   (:meth:`Layout.remove_sent`), the fan-out job records of those posts (``fanouts``,
+   ``fanout_batches``, ``fanout_sent``), their edit records in every cluster (``edits``: an
+   update's record holds the post's data, and an edit leaves one in each cluster; counted
+   where the post was found), and last the page's ``outbox`` entries and registry documents
+   (``posts`` counts documents). What names a post is removed only after everything found
+   by it, so an erasure stopped half-way is finished by calling it again. Each page's
+   data_keys are remembered first, in ``erasures`` under the user's pseudonym (``{_id:
+   "<pseudonym hex>/<request id>/<page>", keys, at}``: no ``user`` field, so no reader of
+   records meets it), and once no registered post is left, every post any erasure of the
+   user remembered in this cluster is swept once more (with the registry documents that
+   list one of those posts alone). A writer whose insert landed but whose read of the
    records never happened (its cluster was killed between the two and the answer lost, or
    the read timed out) reports those receivers failed and stops, and leaves its copies;
    without the memory, nothing could find them once the post's entries were gone.
@@ -51,16 +53,16 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
-from ..timemap import TimeMap
-from . import checkpoint, fence, seen
-from .fence import ERASURES_COLLECTION
-from .layouts import EditSettings, Writer, layout_for, outbox, posts
-from .live.push import PushEdit
-from .policy import deadline_in
-from .pseudonyms import Pseudonyms
-from .steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
-from .writes import insert_program
+from ...errors import ClusterError, ClusterUnavailable, ErasureFailed, RouterError
+from ...timemap import TimeMap
+from ..fanout import checkpoint
+from ..writes import ERASURES_COLLECTION, fence, insert_program
+from ..notify import seen
+from ..layouts import EditSettings, Writer, layout_for, outbox, posts
+from ..push import PushEdit
+from ..policy import deadline_in
+from ..pseudonyms import Pseudonyms
+from ..steps import Collection, Concurrently, Delete, Failure, Find, Insert, Program, Request, Update, ask
 
 __all__ = ["COUNTED", "ClusterErasure", "ErasurePlan", "ErasureProgress", "ErasureRecord", "ErasureResult",
            "ErasureStatus", "erase_program", "status_program", "unsettled"]
@@ -269,30 +271,28 @@ def _cluster(plan: ErasurePlan, cluster: str) -> Program[_Outcome]:
 def _sent(plan: ErasurePlan, cluster: str, remove_sent: Callable[..., Program[tuple[int, Any]]],
           counts: dict[str, int]) -> Program[RouterError | None]:
     """Everything of the user's posts in *cluster*: a page of registered posts at a time (each page remembered
-    first, and what names a post removed last), then once more every post an erasure of the user ever remembered
-    in *cluster* (:func:`_remembered`)."""
+    first, and what names a post removed last: the page's outbox entries, then its registry documents), then once
+    more every post an erasure of the user ever remembered in *cluster* (:func:`_remembered`)."""
     user, settings = plan.user_id, plan.settings
     pages = 0
     while True:
         deadline = deadline_in(settings.timeout)
-        found: list[list[str] | Failure] = yield Concurrently([posts.registered_keys(cluster, user, deadline, limit=PAGE),
-                                                               outbox.sent_keys(cluster, user, deadline, limit=PAGE)],
-                                                              [cluster, cluster])
-        keys_found: set[str] = set()
-        for answer in found:
+        registered, sent = yield Concurrently([posts.page(cluster, user, deadline),
+                                               outbox.sent_keys(cluster, user, deadline, limit=PAGE)], [cluster, cluster])
+        for answer in (registered, sent):
             if isinstance(answer, Failure):
                 return answer.error
-            keys_found.update(answer)
-        keys = sorted(keys_found)
-        if not keys:
+        keys = sorted({key for _t, key in registered.posts} | set(sent))
+        if not keys and not registered.ids:
             break
-        kept = {"_id": _remembered_id(plan, pages), "keys": keys, "at": plan.now}
-        stored = yield from insert_program(cluster, _RECORDS, [kept], policy=settings.policy,
-                                           deadline=deadline_in(settings.timeout), duplicates="present")
-        if stored.failed:
-            return next(iter(stored.failed.values()))
-        pages += 1
-        error = yield from _page(plan, cluster, keys, remove_sent, counts)
+        if keys:
+            kept = {"_id": _remembered_id(plan, pages), "keys": keys, "at": plan.now}
+            stored = yield from insert_program(cluster, _RECORDS, [kept], policy=settings.policy,
+                                               deadline=deadline_in(settings.timeout), duplicates="present")
+            if stored.failed:
+                return next(iter(stored.failed.values()))
+            pages += 1
+        error = yield from _page(plan, cluster, keys, remove_sent, counts, documents=registered.ids)
         if error is not None:
             return error
     after: str | None = None
@@ -334,19 +334,23 @@ def _remembered(plan: ErasurePlan, cluster: str, after: str | None) -> Program[t
 
 
 def _page(plan: ErasurePlan, cluster: str, keys: Sequence[str], remove_sent: Callable[..., Program[tuple[int, Any]]],
-          counts: dict[str, int]) -> Program[RouterError | None]:
+          counts: dict[str, int], *, documents: Sequence[str] = ()) -> Program[RouterError | None]:
     """Everything of the posts *keys* in *cluster*: their copies, job records, edit records (every cluster), outbox
-    and registry entries, in that order."""
+    entries, in that order, and last the registry *documents* that listed them (a page's), or else (a sweep of
+    remembered posts) the registry documents that list one of *keys* alone (:func:`posts.remove_alone`: a document
+    listing other posts too waits for the page that finds it)."""
     user, settings = plan.user_id, plan.settings
-    trouble = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
-    if trouble is not None:
-        return trouble
-    yield PushEdit(keys)  # their copies are gone: live subscribers
-    error = yield from _jobs(cluster, keys, counts, settings.timeout)
-    steps = [(counted, request) for counted, request in (
-        *(("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names),  # every cluster
-        ("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))),
-        ("posts", posts.remove(cluster, user, keys, deadline_in(settings.timeout))))]
+    error = None
+    steps: list[tuple[str, Delete]] = []
+    if keys:
+        error = yield from _copies_of(cluster, user, keys, settings, remove_sent, counts)
+        if error is None:
+            yield PushEdit(keys)  # their copies are gone: live subscribers
+            error = yield from _jobs(cluster, keys, counts, settings.timeout)
+        steps += [("edits", fence.forget(name, keys, deadline_in(settings.timeout))) for name in plan.names]  # every cluster
+        steps.append(("outbox", outbox.remove(cluster, user, keys, deadline_in(settings.timeout))))
+    steps.append(("posts", posts.remove(cluster, user, documents, deadline_in(settings.timeout)) if documents
+                  else posts.remove_alone(cluster, user, keys, deadline_in(settings.timeout))))
     for counted, request in steps if error is None else ():
         error = error or (yield from _count(request, counts, counted))
     return error

@@ -23,8 +23,8 @@ from typing import Any
 import bson
 from bson.errors import InvalidDocument
 
-from ..errors import InvalidItem
-from ..model import ID_RULE, MAX_ID_CHARS, MAX_OBJECTID_SECONDS, TEXT_RULE, Activity, FeedItem, event_timestamp, identity, is_id, is_text
+from ...errors import InvalidItem
+from ...model import ID_RULE, MAX_ID_CHARS, MAX_OBJECTID_SECONDS, TEXT_RULE, Activity, FeedItem, event_timestamp, identity, is_id, is_text
 
 __all__ = ["MAX_DATA_BYTES", "MAX_DATA_DEPTH", "check_item", "check_data", "key_problem"]
 

@@ -35,13 +35,12 @@ from typing import Any
 import attrs
 from bson import ObjectId
 
-from ..cursor import Position
-from ..errors import InvalidItem, RequestRefused
-from ..model import FeedItem, identity, is_id
-from ..timemap import TimeMap
-from .layouts import Layout, layout_for, outbox
-from .layouts.queries import older_than, outside_clause
-from .steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
+from ...cursor import Position
+from ...errors import InvalidItem, RequestRefused
+from ...model import FeedItem, identity, is_id
+from ...timemap import TimeMap
+from ..layouts import Layout, layout_for, older_than, outbox, outside_clause
+from ..steps import Concurrently, Delete, Failure, Find, Insert, InsertOutcome, Program, ask
 
 __all__ = ["ALL_GROUPS", "MAX_CAP", "SEEN_SORT", "Marker", "Unseen", "UnseenPlan", "forget", "highest_read_marks",
            "mark_program", "marker_of", "marker_program", "markers", "outside", "ReadMark", "read_mark_documents",
@@ -247,7 +246,7 @@ def outside(start: datetime | None, end: datetime | None) -> list[tuple[dict[str
              "read_time")]
 
 
-# -- read marks of notification groups (router.core.group_marks) ------------------------------
+# -- read marks of notification groups (router.core.notify.group_marks) ------------------------------
 
 #: The ``group`` of a read mark that marks every group read.
 ALL_GROUPS = "*"

@@ -43,7 +43,7 @@ import bson
 from bson import ObjectId
 from bson.codec_options import CodecOptions
 
-from ...model import Activity
+from ..model import Activity
 
 __all__ = [
     "CODEC", "EDITS", "PRESENCE", "Messages", "cleanups", "Push", "PushCopies", "PushEdit", "PushItems", "PushPost", "decode",
@@ -193,7 +193,7 @@ class PushEdit(Push):
 
 
 class _Fence(Protocol):
-    """What :func:`cleanups` reads of a fence (:class:`router.core.fence.Fence`)."""
+    """What :func:`cleanups` reads of a fence (:class:`router.core.writes.fence.Fence`)."""
 
     @property
     def seq(self) -> int: ...
@@ -206,7 +206,7 @@ class _Fence(Protocol):
 
 
 def cleanups(fences: Mapping[str, _Fence], seqs: Mapping[str, int]) -> Iterator[PushEdit]:
-    """The pushes of a writer's fence clean-up (:func:`router.core.fence.settle`), once it is done: the keys whose
+    """The pushes of a writer's fence clean-up (:func:`router.core.writes.fence.settle`), once it is done: the keys whose
     just-written (and pushed) documents it removed, and those it gave an update newer than their data's *seqs*
     (0 when absent); a writer yields from it."""
     gone = [key for key, fence in fences.items() if fence.deleted]

@@ -15,12 +15,12 @@ from collections.abc import Collection as AnyCollection
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..config import RouterConfig
-from ..errors import ClusterError, ClusterUnavailable, InvalidItem, MetadataError, RequestRefused
-from ..model import ClusterMeta
-from ..timemap import TimeMap
-from .layouts import LAYOUTS
-from .steps import Concurrently, Failure, Find, Program
+from ...config import RouterConfig
+from ...errors import ClusterError, ClusterUnavailable, InvalidItem, MetadataError, RequestRefused
+from ...model import ClusterMeta
+from ...timemap import TimeMap
+from ..layouts import LAYOUTS
+from ..steps import Concurrently, Failure, Find, Program
 
 __all__ = ["inspect_metadata", "load_timemap", "read_metadata"]
 

@@ -5,7 +5,7 @@ Any engine drives these: the thread pool of ``FeedRouter.fan_out``, the asyncio 
 decides *where* a batch runs; what a batch does is here, once.
 
 **Where.** Every copy of one activity has the same ``event_time``, so the whole job goes
-to one cluster, chosen by :meth:`~router.core.routing.Routing.locate` (with the horizon
+to one cluster, chosen by :meth:`~router.core.periods.routing.Routing.locate` (with the horizon
 rule) before anything is written.
 
 **Idempotent ids.** A copy's ``_id`` is :func:`router.ids.copy_id` of the event second,
@@ -15,12 +15,12 @@ is a duplicate-key no-op counted ``already_present``. Exactly one copy per recei
 **Batches.** Receivers are cut into batches of ``batch_size`` consecutive receivers;
 batch numbers are positions in the stream, so a resume must read the same receivers in
 the same order with the same ``batch_size``. Each written batch is recorded in the job's
-checkpoint (:mod:`router.core.checkpoint`). A batch the job cannot have (a number out of
+checkpoint (:mod:`router.core.fanout.checkpoint`). A batch the job cannot have (a number out of
 range, a wrong position, more receivers than ``batch_size``) is refused before anything is
-written, in every engine (:func:`~router.core.checkpoint.check_batch`).
+written, in every engine (:func:`~router.core.fanout.checkpoint.check_batch`).
 
 
-**Edits.** After its insert a batch reads the post's edit fence (:mod:`router.core.fence`):
+**Edits.** After its insert a batch reads the post's edit fence (:mod:`router.core.writes.fence`):
 copies of a post deleted meanwhile are removed again, copies of one updated meanwhile get
 the new data, so ``delete`` and ``update`` hold against fan-outs still running.
 """
@@ -34,13 +34,12 @@ from typing import Any
 
 import attrs
 
-from ..errors import InvalidItem, RouterError
-from ..ids import copy_ids
-from ..model import Activity, to_millis, to_utc
-from ..observe import Event
+from ...errors import InvalidItem, RouterError
+from ...ids import copy_ids
+from ...model import Activity, to_millis, to_utc
+from ...observe import Event
 from .checkpoint import admit_batch, check_batch, drop_checkpoint, record_batch
-from .checks import check_activity, receiver_problem
-from .fence import NEVER, Fence, Parties, settle
+from ..writes import Fence, InsertResult, NEVER, Parties, check_activity, insert_program, receiver_problem, settle
 from .jobs import (
     DEFAULT_CONCURRENCY,
     MAX_BATCH_SIZE,
@@ -50,13 +49,12 @@ from .jobs import (
     FanOutJob,
     positive_int,
 )
-from .layouts import LAYOUTS, EditSettings, FanBatch, Layout, layout_for
-from .live.push import PushCopies, cleanups
-from .policy import RetryPolicy, deadline_in
-from .pseudonyms import Pseudonyms
-from .routing import Routing, routed
-from .steps import Failure, Program, Report
-from .writes import InsertResult, insert_program
+from ..layouts import LAYOUTS, EditSettings, FanBatch, Layout, layout_for
+from ..push import PushCopies, cleanups
+from ..policy import RetryPolicy, deadline_in
+from ..pseudonyms import Pseudonyms
+from ..periods import Routing, routed
+from ..steps import Failure, Program, Report
 
 __all__ = [
     "BatchOutcome",
@@ -151,19 +149,19 @@ def batch_program(
     *active* rejects are skipped. *data* is the activity's data encoded once per job
     (shared by every copy). *known* is the newest fence the engine has seen: a deleted
     post's batch writes nothing, an updated one's writes the new data. After the insert
-    the fence is read (:func:`~router.core.fence.settle`): copies of a post deleted
+    the fence is read (:func:`~router.core.writes.fence.settle`): copies of a post deleted
     meanwhile are removed again and the batch is not recorded. With *pseudonyms* (every
     engine passes the router's) the erasure records are read at the same time: copies of a
-    post whose sender was erased are removed again (the fence says :data:`~router.core.fence.ERASED`)
+    post whose sender was erased are removed again (the fence says :data:`~router.core.writes.fence.ERASED`)
     and so is the job's checkpoint (when *record*), and the copies of erased receivers are
     removed again, counted ``skipped``. So no engine handles an erasure itself: a run stops
-    at such a batch (:meth:`~router.core.tally.RunState.add`, read by the run loop). The
+    at such a batch (:meth:`~router.core.fanout.tally.RunState.add`, read by the run loop). The
     batch gets ``timeout`` seconds, retries included.
 
     A batch the job cannot have raises :class:`~router.errors.InvalidBatch` before
     anything is written. With *admit* (a batch that comes from elsewhere, e.g. a Celery
     task), the job's stored checkpoint is read first and the batch checked against it
-    (:func:`~router.core.checkpoint.admit_batch`).
+    (:func:`~router.core.fanout.checkpoint.admit_batch`).
     """
     if admit:
         yield from admit_batch(job, number, first, len(receivers), deadline=deadline_in(timeout))

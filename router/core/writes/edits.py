@@ -8,7 +8,7 @@ fails part-way is finished by calling it again. Clusters are edited concurrently
 jobs log their progress.
 
 ``delete`` and ``update`` first leave their record in each cluster's edit fence
-(:mod:`router.core.fence`), then edit the copies: a fan-out batch, backfill or publish
+(:mod:`router.core.writes.fence`), then edit the copies: a fan-out batch, backfill or publish
 still running writes, reads the fence, and removes (or updates) what it just wrote. An
 update that writes a copy anew (in ``buckets``, a copy that no longer fits its bucket
 moves to another) is such a writer too: it reads the fence and the erasure records after
@@ -31,14 +31,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import ClusterError, DeleteFailed, UpdateFailed
-from ..timemap import TimeMap
+from ...errors import ClusterError, DeleteFailed, UpdateFailed
+from ...timemap import TimeMap
 from .fence import Parties, drop_superseded, mark_deleted, mark_updated, settle
-from .layouts import Copy, EditSettings, Layout, layout_for, outbox
-from .layouts.base import Landed
-from .live.push import PushEdit
-from .pseudonyms import Pseudonyms
-from .steps import Concurrently, Failure, Program
+from ..layouts import Copy, EditSettings, Landed, Layout, layout_for, outbox
+from ..push import PushEdit
+from ..pseudonyms import Pseudonyms
+from ..steps import Concurrently, Failure, Program
 
 __all__ = ["EditSettings", "delete_program", "unfollow_program", "update_program"]
 
@@ -85,7 +84,7 @@ def delete_program(data_key: str, names: Sequence[str], settings: EditSettings, 
     """Remove every copy of *data_key*, and its outbox entry, from every named cluster; return how many copies.
 
     Two rounds, each sent to every cluster at once: the key's tombstone in each cluster's
-    fence, so no fan-out, backfill or publish brings a copy back (:mod:`router.core.fence`);
+    fence, so no fan-out, backfill or publish brings a copy back (:mod:`router.core.writes.fence`);
     then, where the tombstone is stored, the copies (one request when they can go at once,
     else in steps: :func:`~router.core.layouts.queries.in_steps`), the outbox entry and the
     update records the tombstone supersedes, at the same time. So a cluster sees two round
@@ -114,7 +113,7 @@ def delete_program(data_key: str, names: Sequence[str], settings: EditSettings, 
 
 
 def _landed(layout: Layout, settings: EditSettings, pseudonyms: Pseudonyms | None) -> Landed:
-    """What an update does with copies it wrote anew: what every writer does (:func:`~router.core.fence.settle`), the
+    """What an update does with copies it wrote anew: what every writer does (:func:`~router.core.writes.fence.settle`), the
     erasure records read too when *pseudonyms* are given."""
 
     def landed(cluster: str, data_key: str, copies: Sequence[Copy]) -> Program[Failure | None]:
@@ -137,7 +136,7 @@ def update_program(
     copies changed.
 
     Each cluster records the update in its fence first, so a copy written later by a
-    fan-out still running gets the new data too (:mod:`router.core.fence`). A copy the update
+    fan-out still running gets the new data too (:mod:`router.core.writes.fence`). A copy the update
     writes anew (moved to another bucket) is brought up to the fence, and with *pseudonyms*
     to the erasure records, as such a fan-out's are. Raises :class:`UpdateFailed` (``updated``, ``failed`` by cluster) when a cluster fails; run it again.
     """

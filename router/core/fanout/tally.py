@@ -3,7 +3,7 @@
 
 :class:`Tally` adds up batch outcomes; :class:`RunState` is what every engine (threads,
 asyncio) keeps while a run goes on, and how it ends; the loop that feeds it batches is
-:func:`router.core.runs.run_loop`. Engines only decide how they wait and where batches run.
+:func:`router.core.fanout.runs.run_loop`. Engines only decide how they wait and where batches run.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any, Literal
 
 import attrs
 
-from ..errors import FanOutFailed, ItemDeleted, RouterError, SenderErased
+from ...errors import FanOutFailed, ItemDeleted, RouterError, SenderErased
 from .checkpoint import drop_checkpoint, finish_checkpoint, start_job
-from .fanout import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob, batch_program
-from .fence import NEVER, Fence
-from .policy import RetryPolicy
-from .pseudonyms import Pseudonyms
+from .plan import MAX_ERRORS, MAX_FAILED_RECEIVERS, BatchOutcome, FanOutJob, batch_program
+from ..writes import NEVER, Fence
+from ..policy import RetryPolicy
+from ..pseudonyms import Pseudonyms
 from .runs import SKIP, STOP
-from .steps import Program
+from ..steps import Program
 
 __all__ = ["FanOutProgress", "FanOutResult", "Tally"]
 
@@ -59,10 +59,10 @@ class FanOutResult:
     * ``skipped``: inactive receivers (``active`` said no); they get no copy.
     * ``failed``: receivers with no confirmed copy: invalid ids, or a batch that failed
       after every attempt. ``failed_receivers`` lists the first
-      :data:`~router.core.fanout.MAX_FAILED_RECEIVERS` valid ones; invalid ones are named in ``errors``.
+      :data:`~router.core.fanout.plan.MAX_FAILED_RECEIVERS` valid ones; invalid ones are named in ``errors``.
     * ``resumed``: receivers in batches the checkpoint recorded done, not sent again.
     * ``batches`` / ``batches_resumed``: batches sent / not sent for that reason.
-    * ``errors``: the first :data:`~router.core.fanout.MAX_ERRORS` distinct errors, including
+    * ``errors``: the first :data:`~router.core.fanout.plan.MAX_ERRORS` distinct errors, including
       checkpoint updates that failed (those alone do not fail the job).
     * ``complete``: every receiver was read and every batch sent; ``cancelled``: stopped
       by ``cancel()`` or ``close()``, or because the post was deleted (``reason``
@@ -221,7 +221,7 @@ class RunState:
 
     def admit(self, number: int, first: int, chunk: list[Any]) -> Any:
         """What to send for batch *number*, just read: the batch itself (``(number, first, chunk)``), or
-        :data:`~router.core.runs.SKIP` (done earlier) or :data:`~router.core.runs.STOP` (the run is stopping: it is
+        :data:`~router.core.fanout.runs.SKIP` (done earlier) or :data:`~router.core.fanout.runs.STOP` (the run is stopping: it is
         left for a resume)."""
         self.total = number + 1
         if self.stopping:

@@ -1,7 +1,7 @@
 """Read marks of notification groups, and the unseen-groups badge, as programs.
 
 **Read marks** (:func:`mark_read_program`) are inserted, never updated: ``{receiver_id,
-group, read_time, read_key}`` in ``seen`` (:func:`~router.core.seen.read_mark_documents`: no
+group, read_time, read_key}`` in ``seen`` (:func:`~router.core.notify.seen.read_mark_documents`: no
 ``event_time``, so the seen markers' queries never meet them), in the cluster owning the
 marked position; ``group`` is the group's key, or ``"*"`` for every group. A group is read
 when a mark of its key or ``"*"`` is at or above its newest item. A mark then deletes the
@@ -11,7 +11,7 @@ so the highest survives, on servers that lose concurrent updates of one document
 (FerretDB v1).
 
 **The badge** (:func:`unseen_groups_program`) counts the groups with an item newer than the seen
-marker (:mod:`router.core.seen`), asking the clusters from the newest down to the marker's.
+marker (:mod:`router.core.notify.seen`), asking the clusters from the newest down to the marker's.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from collections.abc import Hashable, Sequence
 
 import attrs
 
-from ..cursor import Position
-from ..errors import RequestRefused
+from ...cursor import Position
+from ...errors import RequestRefused
 from .group_reads import GroupPlan, answer_of, one
 from .groups import UnseenGroups, ident, position_key
-from .layouts import grouping, layout_for, outbox
+from ..layouts import grouping, layout_for, outbox
 from .seen import ALL_GROUPS as ALL
 from .seen import marker_program, read_mark_documents, read_marks_below
-from .steps import Concurrently, Failure, Insert, Program
+from ..steps import Concurrently, Failure, Insert, Program
 
 __all__ = ["ALL", "Mark", "mark_read_program", "unseen_groups_program"]
 
