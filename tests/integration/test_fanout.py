@@ -7,7 +7,6 @@ documents per second, so sizes are picked to keep each test within seconds.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -408,24 +407,21 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
 
 @MANY_COPIES
 def test_delete_removes_every_copy_of_a_fan_out(
-    router: FeedRouter, raw_clients: Clients, db_name: str, door: str, caplog: pytest.LogCaptureFixture
+    router: FeedRouter, raw_clients: Clients, db_name: str, door: str
 ) -> None:
     """delete(data_key) of a 100k-receiver fan-out (70k on the async door) succeeds with the default timeouts.
 
-    More than FerretDB deletes in one statement (32,766 documents on SQLite, 65,535 on
-    PostgreSQL), and more than the old single delete managed within its socket timeout.
-    (FerretDB fetches every copy of the key for each step, so a step's time grows with the
-    fan-out: at 200k copies the first step came near the 10 s timeout on a loaded 2-core machine.)
-    the router deletes in bounded steps, logging its progress, and removes nothing else.
+    The router first sends one delete of every copy; when the server does not finish it within
+    its share of the timeout (as on a loaded machine), it goes on in bounded steps. Which path
+    a run takes depends on the machine, so this test asserts what both promise: every copy
+    gone, counted once, nothing else removed; tests/unit/test_edit_steps.py drives each path.
     """
     n = 100_000 if door == "sync" else 70_000
     act = activity(9)
     other = router.fan_out(activity(10), people(100))
     result = router.fan_out(act, people(n))
     assert result.written == n and other.written == 100
-    with caplog.at_level(logging.INFO, logger="router.core.layouts.queries"):  # every layout's edits log their steps
-        assert router.delete(act.data_key) == n
-    assert "cluster cluster_2: delete " in caplog.text and "in steps of about 10000" in caplog.text
+    assert router.delete(act.data_key) == n
     assert counts(raw_clients, db_name) == {"cluster_1": 0, "cluster_2": 100, "cluster_3": 0}
     assert router.delete(act.data_key) == 0  # repeatable
 
