@@ -37,7 +37,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -46,7 +46,8 @@ import pymongo
 import pymongo.errors
 
 from .errors import HarnessError
-from .documentdb import DOCUMENTDB_SETTINGS, DOCUMENTDB_VERSION, FERRETDB2_VERSION, ensure_ferretdb2, vacuum_collection
+from .documentdb import (DOCUMENTDB_SETTINGS, DOCUMENTDB_VERSION, FERRETDB2_VERSION, empty_database, ensure_ferretdb2,
+                         vacuum_collection)
 from .ferretdb import FERRETDB_VERSION, ensure_ferretdb
 from .javaserver import JAVASERVER_VERSION, ensure_javaserver
 from .postgres import RESERVED_DATABASES, LocalPostgres, find_postgres
@@ -295,6 +296,24 @@ class LocalClusters:
         if self.backend != "ferretdb2":
             return False
         vacuum_collection(self.postgres_servers[self.names.index(name)], database, collection)
+        return True
+
+    def empty(self, database: str, *, keep: Iterable[str] = ()) -> bool:
+        """Empty every collection of *database* but those in *keep*, on every cluster, as a new database is (each
+        table and index DocumentDB keeps them in truncated: :func:`~harness.documentdb.empty_database`); False, doing
+        nothing, on a backend that keeps no such tables.
+
+        Example::
+
+            >>> clusters.empty("feeds", keep=["migrations"])  # doctest: +SKIP
+            True
+        """
+        if self.backend != "ferretdb2":
+            return False
+        kept = list(keep)
+        with concurrent.futures.ThreadPoolExecutor(len(self.postgres_servers)) as pool:
+            for future in [pool.submit(empty_database, pg, database, keep=kept) for pg in self.postgres_servers]:
+                future.result()
         return True
 
     @property

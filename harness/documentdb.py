@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
@@ -173,3 +174,31 @@ def vacuum_collection(pg: LocalPostgres, database: str, collection: str) -> None
     if not found.isdigit():
         raise HarnessError(f"vacuum: no collection {database}.{collection} on PostgreSQL port {pg.port}")
     pg.run_sql(f"VACUUM documentdb_data.documents_{found};")
+
+
+def empty_database(pg: LocalPostgres, database: str, *, keep: Iterable[str] = ()) -> None:
+    """Empty every collection of *database* but those in *keep*, on the PostgreSQL *pg* behind one cluster, as a new
+    database is: one ``TRUNCATE`` of the tables DocumentDB keeps them in gives each table and every index on it new,
+    empty files.
+
+    A ``delete_many({})`` instead leaves each index its dead entries until VACUUM; the test pool's databases went
+    through that hundreds of times, and an insert into such an index then spun in RUM for good
+    (``docs/servers.md``, known server bugs).
+
+    Example::
+
+        >>> empty_database(clusters.postgres_servers[0], "feeds", keep=["migrations"])  # doctest: +SKIP
+    """
+    kept = ", ".join(quote_literal(name) for name in keep) or "NULL"
+    pg.run_sql(f"""SET lock_timeout = '30s';
+DO $$
+DECLARE tables text;
+BEGIN
+    SELECT string_agg(format('documentdb_data.%I', 'documents_' || collection_id), ', ') INTO tables
+    FROM documentdb_api_catalog.collections
+    WHERE database_name = {quote_literal(database)} AND collection_name NOT IN ({kept});
+    IF tables IS NOT NULL THEN
+        EXECUTE 'TRUNCATE ' || tables;
+    END IF;
+END
+$$;""")

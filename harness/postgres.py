@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -49,7 +50,8 @@ from pymongo.saslprep import saslprep
 
 from .errors import HarnessError
 from .pgfind import SEARCH_GLOB, PostgresBinaries, find_postgres, is_program
-from .process import DEFAULT_TIMEOUT, POLL_INTERVAL, free_ports, log_tail, spawn_logged, stop_process, tail
+from .process import (DEFAULT_TIMEOUT, POLL_INTERVAL, children_of, free_ports, log_tail, pid_alive, spawn_logged,
+                      stop_process, tail)
 
 __all__ = [
     "RESERVED_DATABASES",
@@ -296,8 +298,17 @@ class LocalPostgres:
     def stop(self) -> None:
         """Stop the server (fast shutdown) and, if temporary, remove its data; repeatable."""
         name = f"PostgreSQL on port {self.port}"
-        if self._process is not None and stop_process(self._process, name=name, sig=signal.SIGINT):
+        process = self._process
+        # A backend stuck where it never looks at its signals (docs/servers.md: an index insert spinning in RUM) keeps
+        # running after the postmaster is killed: the postmaster's children are known first, and killed after it.
+        backends = children_of(process.pid) if process is not None and process.poll() is None else []
+        if process is not None and stop_process(process, name=name, sig=signal.SIGINT):
             logger.info("stopped PostgreSQL on port %d", self.port)
+        for pid in backends:
+            if pid_alive(pid):
+                logger.warning("a backend of %s (pid %d) outlived it; killing it", name, pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.temporary:
             remove_data(self.data_dir, link=self.link)
 

@@ -24,6 +24,7 @@ __all__ = [
     "POLL_INTERVAL",
     "STOP_GRACE",
     "build_once",
+    "children_of",
     "file_lock",
     "free_ports",
     "log_tail",
@@ -175,6 +176,20 @@ def stop_process(
         process.kill()
         process.wait()
     return True
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is *pid* (from /proc; none without procfs)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def stop_pids(

@@ -188,7 +188,9 @@ def passed(node: pytest.Item) -> bool:
 def database_pool(servers: LocalClusters, raw_clients: dict[str, MongoClient[dict[str, Any]]]) -> DatabasePool | None:
     """Registered databases kept between tests (see :mod:`.pool`); None on mongo-java-server, whose databases cost
     little to make, and whose drop needs its own steps."""
-    return None if servers.backend == "javaserver" else DatabasePool(raw_clients)
+    if servers.backend == "javaserver":
+        return None
+    return DatabasePool(raw_clients, empty=lambda name, keep: servers.empty(name, keep=keep))
 
 
 @pytest.fixture

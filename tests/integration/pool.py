@@ -5,14 +5,16 @@ migrations, eleven collections, their indexes, on three servers) took 0.8-1.1 CP
 (DocumentDB makes a PostgreSQL table per collection and an index per index); emptying its collections took 0.06.
 So a test that registers its database before reading anything (through ``make_router``, ``sync_router``, or a
 fixture that requests ``registered_database``) gets one a passed test left behind, emptied, if there is one:
-registering it again then writes only its metadata, and every collection and index is already there.
+registering it again then writes only its metadata, and every collection and index is already there. On FerretDB 2
+a database is emptied by truncating its tables, which gives every index new files too: emptied with ``delete_many``
+hundreds of times, an index of DocumentDB's (RUM) once made an insert spin for good (docs/servers.md).
 
 A database goes back to the pool only when it is exactly what registering makes: the same collections with the
 same options, the same indexes, the same migrations recorded, on every server, as a database this session
 registered fresh in that layout (:meth:`DatabasePool.template`). Anything else (a test that created an index,
 dropped a collection, registered two layouts, ran a migration of its own, or failed) is dropped, as before. What a
 reused database differs in is only what no test may depend on: its migrations' ``applied_at`` and PostgreSQL's
-statistics and free space (as on any long-lived server).
+statistics.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def shape(clients: Clients, name: str) -> Shape:
 class DatabasePool:
     """Emptied registered databases, by layout, on the session's servers.
 
+    *empty* empties a database's collections but those it is given, as a new database is, and says whether it did
+    (``LocalClusters.empty``: on FerretDB 2, the tables and their indexes truncated); without it, or when it did
+    not, each collection is emptied with ``delete_many``.
+
     Example::
 
         name = pool.take("copies", register=lambda name: register(config_for(name), layout="copies"))
@@ -69,8 +75,9 @@ class DatabasePool:
             drop(name)
     """
 
-    def __init__(self, clients: Clients) -> None:
+    def __init__(self, clients: Clients, *, empty: Callable[[str, list[str]], bool] | None = None) -> None:
         self._clients = clients
+        self._empty = empty
         self._free: dict[str, list[str]] = {}
         self._templates: dict[str, Shape] = {}
 
@@ -98,10 +105,11 @@ class DatabasePool:
         layout = next((layout for layout, template in self._templates.items() if template == found), None)
         if layout is None:
             return False
-        for server, collections, _migrations in found:
-            db = self._clients[server][name]
-            for collection, *_ in collections:
-                if collection != MIGRATIONS_COLLECTION:
-                    db[collection].delete_many({})
+        if self._empty is None or not self._empty(name, [MIGRATIONS_COLLECTION]):
+            for server, collections, _migrations in found:
+                db = self._clients[server][name]
+                for collection, *_ in collections:
+                    if collection != MIGRATIONS_COLLECTION:
+                        db[collection].delete_many({})
         self._free.setdefault(layout, []).append(name)
         return True

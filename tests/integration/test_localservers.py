@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pymongo
@@ -360,3 +361,21 @@ def test_ferretdb2_build_without_a_vendor_folder_says_where_archives_go(tmp_path
     result = subprocess.run([str(REPO / "scripts" / "build-ferretdb2")], capture_output=True, text=True, env=env,
                             timeout=120, check=False)
     assert result.returncode == 1 and "FEEDROUTER_VENDOR is not set" in result.stderr
+
+
+def test_children_of_lists_a_process_children_only() -> None:
+    """harness.process.children_of (what LocalPostgres.stop kills after the postmaster, should a backend outlive it)."""
+    from harness.process import children_of
+
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(kids := children_of(shell.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(kids) == 2 and all("sleep" in _cmdline(pid) for pid in kids)
+        assert shell.pid in children_of(os.getpid())
+    finally:
+        for pid in children_of(shell.pid):
+            os.kill(pid, 9)
+        shell.wait(timeout=10)
+    assert children_of(shell.pid) == []
