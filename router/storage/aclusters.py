@@ -205,11 +205,25 @@ class AsyncClusters:
     async def _concurrently(self, programs: Sequence[Program[Any]]) -> list[Any]:
         if len(programs) == 1:
             return [await self.run(programs[0])]
-        results = await asyncio.gather(*(self.run(p) for p in programs), return_exceptions=True)
-        for result in results:  # every one has finished: raise the first failure, as the sync driver does
-            if isinstance(result, BaseException):
-                raise result
-        return list(results)
+        # Every one runs to its end; then the first that raised raises, as in the sync driver. (A program may return
+        # an exception as its value, as the fence's marks return a cluster's error: that is a value, never raised.)
+        outcomes = await asyncio.gather(*(self._settled(p) for p in programs), return_exceptions=True)
+        settled: list[tuple[bool, Any]] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):  # cancelled, or an interrupt: not caught by _settled
+                raise outcome
+            settled.append(outcome)
+        for raised, value in settled:
+            if raised:
+                raise value
+        return [value for _, value in settled]
+
+    async def _settled(self, program: Program[Any]) -> tuple[bool, Any]:
+        """Run *program*: (False, its value), or (True, the exception it raised)."""
+        try:
+            return False, await self.run(program)
+        except Exception as exc:  # (raised by _concurrently once every program has finished)
+            return True, exc
 
     async def load_timemap(self, *, allow_missing: AnyCollection[str] = (), previous: TimeMap | None = None) -> TimeMap:
         """Read every cluster's metadata and build the time map (see :func:`router.core.periods.metadata.load_timemap`)."""
