@@ -352,7 +352,10 @@ def test_the_first_request_after_a_restart_gets_the_calls_time(
     """
     with LocalClusters(1, names=["spare"]) as spare:
         uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
-        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], serverSelectionTimeoutMS=300)  # < pymongo's 0.5 s step
+        # (The call's own timeout is a minute: 20 inserts of 1,000 one after another can pass the default 10 s on a
+        # loaded machine, which would test the call's deadline, not the selection's.)
+        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], serverSelectionTimeoutMS=300,  # < pymongo's 0.5 s step
+                             timeout=timedelta(minutes=1))
         register(config)
         router = open_router(config, clock=lambda: NOW, refresh=False)
         server = spare.servers[0]
