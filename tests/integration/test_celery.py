@@ -281,7 +281,11 @@ def test_worker_killed_mid_job_its_batch_is_delivered_again(
         taken = {tag: number for tag, number in before.items() if tag in after}
         if taken:
             break
-        victim.signal(signal.SIGCONT)  # it was between two batches: try again
+        # It was between two batches: let it run until it has written one more (resumed and frozen again at once, it
+        # would never take one), then try again.
+        done = len(batch_lines(victim))
+        victim.signal(signal.SIGCONT)
+        wait_for("the victim to write a batch", lambda: len(batch_lines(victim)) > done, timeout=60)
     assert taken, "the victim never held a batch when frozen"
     assert router.fan_out_status(published.job_id).state == "running"
     victim.kill()
