@@ -190,7 +190,7 @@ def database_pool(servers: LocalClusters, raw_clients: dict[str, MongoClient[dic
     little to make, and whose drop needs its own steps."""
     if servers.backend == "javaserver":
         return None
-    return DatabasePool(raw_clients, empty=lambda name, keep: servers.empty(name, keep=keep))
+    return DatabasePool(raw_clients, empty=servers.empty)
 
 
 @pytest.fixture

@@ -63,9 +63,9 @@ def shape(clients: Clients, name: str) -> Shape:
 class DatabasePool:
     """Emptied registered databases, by layout, on the session's servers.
 
-    *empty* empties a database's collections but those it is given, as a new database is, and says whether it did
-    (``LocalClusters.empty``: on FerretDB 2, the tables and their indexes truncated); without it, or when it did
-    not, each collection is emptied with ``delete_many``.
+    *empty* (``LocalClusters.empty``: ``empty(name, keep=[...])``) empties a database's collections but those kept, as
+    a new database is, and says whether it did (on FerretDB 2: the tables and their indexes truncated); without it, or
+    when it did not, each collection is emptied with ``delete_many``.
 
     Example::
 
@@ -75,7 +75,7 @@ class DatabasePool:
             drop(name)
     """
 
-    def __init__(self, clients: Clients, *, empty: Callable[[str, list[str]], bool] | None = None) -> None:
+    def __init__(self, clients: Clients, *, empty: Callable[..., bool] | None = None) -> None:
         self._clients = clients
         self._empty = empty
         self._free: dict[str, list[str]] = {}
@@ -105,7 +105,7 @@ class DatabasePool:
         layout = next((layout for layout, template in self._templates.items() if template == found), None)
         if layout is None:
             return False
-        if self._empty is None or not self._empty(name, [MIGRATIONS_COLLECTION]):
+        if self._empty is None or not self._empty(name, keep=[MIGRATIONS_COLLECTION]):
             for server, collections, _migrations in found:
                 db = self._clients[server][name]
                 for collection, *_ in collections:

@@ -27,7 +27,7 @@ def test_an_emptied_database_is_as_registering_left_it(servers: LocalClusters, r
     collection is empty (on FerretDB 2 its tables truncated) and takes the same writes again."""
     config: RouterConfig = make_config()
     name = config.database
-    pool = DatabasePool(raw_clients, empty=lambda db, keep: servers.empty(db, keep=keep))
+    pool = DatabasePool(raw_clients, empty=servers.empty)
     template = pool.take("copies", register=lambda db: register(attrs.evolve(config, database=db), layout="copies"))
     register(config, layout="copies")
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
