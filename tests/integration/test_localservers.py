@@ -175,6 +175,10 @@ def test_ferretdb2_runs_each_cluster_on_its_own_postgres(tmp_path: Path, monkeyp
         assert f"--postgresql-url=postgres://postgres@127.0.0.1:{pg1.port}/postgres?" in _cmdline(first.pid)
         assert f"--postgresql-url=postgres://postgres@127.0.0.1:{pg2.port}/postgres?" in _cmdline(second.pid)
         assert "shared_preload_libraries=pg_cron,pg_documentdb_core,pg_documentdb" in _cmdline(pg1.pid)
+        # autovacuum analyzes within a second but never vacuums (RUM's posting-tree spin, docs/servers.md)
+        shown = pg1.run_sql("SELECT current_setting('autovacuum_naptime'), current_setting('autovacuum_vacuum_threshold'),"
+                            " current_setting('autovacuum_vacuum_insert_threshold'), current_setting('autovacuum')")
+        assert shown.strip() == "1s|2000000000|-1|on"
         with _client(first.uri) as one, _client(second.uri) as two:
             assert one.admin.command("buildInfo")["ferretdb"]["version"] == FERRETDB2_VERSION
             one.shared_name.items.insert_one({"_id": 1, "text": "only in cluster_1"})
