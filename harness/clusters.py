@@ -298,23 +298,22 @@ class LocalClusters:
         vacuum_collection(self.postgres_servers[self.names.index(name)], database, collection)
         return True
 
-    def empty(self, database: str, *, keep: Iterable[str] = ()) -> bool:
+    def empty(self, database: str, *, keep: Iterable[str] = ()) -> tuple[str, ...] | None:
         """Empty every collection of *database* but those in *keep*, on every cluster, as a new database is (each
-        table and index DocumentDB keeps them in truncated: :func:`~harness.documentdb.empty_database`); False, doing
-        nothing, on a backend that keeps no such tables.
+        table and index DocumentDB keeps them in truncated), and return each cluster's catalog of it (collections,
+        options, indexes: :func:`~harness.documentdb.empty_database`); None, doing nothing, on a backend that keeps
+        no such tables.
 
         Example::
 
             >>> clusters.empty("feeds", keep=["migrations"])  # doctest: +SKIP
-            True
+            ('collection feed ...', 'collection feed ...', 'collection feed ...')
         """
         if self.backend != "ferretdb2":
-            return False
+            return None
         kept = list(keep)
         with concurrent.futures.ThreadPoolExecutor(len(self.postgres_servers)) as pool:
-            for future in [pool.submit(empty_database, pg, database, keep=kept) for pg in self.postgres_servers]:
-                future.result()
-        return True
+            return tuple(pool.map(lambda pg: empty_database(pg, database, keep=kept), self.postgres_servers))
 
     @property
     def auth_mechanism(self) -> str:

@@ -11,7 +11,9 @@ hundreds of times, an index of DocumentDB's (RUM) once made an insert spin for g
 
 A database goes back to the pool only when it is exactly what registering makes: the same collections with the
 same options, the same indexes, the same migrations recorded, on every server, as a database this session
-registered fresh in that layout (:meth:`DatabasePool.template`). Anything else (a test that created an index,
+registered fresh in that layout (:meth:`DatabasePool.template`). On FerretDB 2 the collections and indexes are read
+from DocumentDB's catalog in the request that empties the database (asking each collection for its indexes took
+more than half of a test's teardown). Anything else (a test that created an index,
 dropped a collection, registered two layouts, ran a migration of its own, or failed) is dropped, as before. What a
 reused database differs in is only what no test may depend on: its migrations' ``applied_at`` and PostgreSQL's
 statistics.
@@ -60,12 +62,20 @@ def shape(clients: Clients, name: str) -> Shape:
     return tuple(out)
 
 
+def migrations(clients: Clients, name: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """The migrations database *name* records on every server: (id, checksum) each."""
+    return tuple((server, tuple(sorted((str(d["_id"]), str(d.get("checksum")))
+                                      for d in client[name][MIGRATIONS_COLLECTION].find({}, {"checksum": 1}))))
+                 for server, client in sorted(clients.items()))
+
+
 class DatabasePool:
     """Emptied registered databases, by layout, on the session's servers.
 
     *empty* (``LocalClusters.empty``: ``empty(name, keep=[...])``) empties a database's collections but those kept, as
-    a new database is, and says whether it did (on FerretDB 2: the tables and their indexes truncated); without it, or
-    when it did not, each collection is emptied with ``delete_many``.
+    a new database is, and returns each server's catalog of it, or None when it cannot (on FerretDB 2: the tables
+    and their indexes truncated, the catalog DocumentDB's); without it, or when it returned None, each collection is
+    emptied with ``delete_many`` and the servers are asked for the database's :func:`shape`.
 
     Example::
 
@@ -75,41 +85,47 @@ class DatabasePool:
             drop(name)
     """
 
-    def __init__(self, clients: Clients, *, empty: Callable[..., bool] | None = None) -> None:
+    def __init__(self, clients: Clients, *, empty: Callable[..., tuple[str, ...] | None] | None = None) -> None:
         self._clients = clients
         self._empty = empty
         self._free: dict[str, list[str]] = {}
-        self._templates: dict[str, Shape] = {}
+        self._templates: dict[str, Any] = {}
 
-    def template(self, layout: str) -> Shape | None:
+    def template(self, layout: str) -> Any:
         """What a database freshly registered in *layout* holds on the servers (None until one was made)."""
         return self._templates.get(layout)
 
     def take(self, layout: str, *, register: Callable[[str], None]) -> str:
         """A database for a test that registers it in *layout* first thing: an emptied one if the pool has one;
-        else, the first time, one freshly registered by *register* (its shape is the layout's template); else a
-        new name."""
+        else, the first time, one freshly registered by *register* (its shape is the layout's template: on FerretDB 2
+        read as it is emptied, which a test that registers first thing does not see); else a new name."""
         free = self._free.get(layout)
         if free:
             return free.pop()
         name = new_name()
         if layout not in self._templates:
             register(name)
-            self._templates[layout] = shape(self._clients, name)
+            self._templates[layout] = self._empty_and_shape(name)
         return name
 
     def give_back(self, name: str) -> bool:
         """Empty database *name* and keep it, if it holds exactly what registering one layout makes; False (the
         caller drops it) otherwise."""
-        found = shape(self._clients, name)
+        found = self._empty_and_shape(name)
         layout = next((layout for layout, template in self._templates.items() if template == found), None)
         if layout is None:
             return False
-        if self._empty is None or not self._empty(name, keep=[MIGRATIONS_COLLECTION]):
-            for server, collections, _migrations in found:
-                db = self._clients[server][name]
-                for collection, *_ in collections:
-                    if collection != MIGRATIONS_COLLECTION:
-                        db[collection].delete_many({})
         self._free.setdefault(layout, []).append(name)
         return True
+
+    def _empty_and_shape(self, name: str) -> Any:
+        catalogs = self._empty(name, keep=[MIGRATIONS_COLLECTION]) if self._empty is not None else None
+        if catalogs is not None:
+            return catalogs, migrations(self._clients, name)
+        found = shape(self._clients, name)
+        for server, collections, _migrations in found:
+            db = self._clients[server][name]
+            for collection, *_ in collections:
+                if collection != MIGRATIONS_COLLECTION:
+                    db[collection].delete_many({})
+        return found
