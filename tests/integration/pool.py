@@ -31,9 +31,14 @@ from pymongo import MongoClient
 from router.admin.migrate import MIGRATIONS_COLLECTION
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
+#: The migrations a database records on one server: (id, checksum) each, sorted.
+Recorded = tuple[tuple[str, str], ...]
 #: What registering made on every server: per server, its collections (name, type, options, indexes) and the
-#: migrations recorded (id, checksum).
-Shape = tuple[tuple[str, tuple[Any, ...], tuple[Any, ...]], ...]
+#: migrations recorded.
+Shape = tuple[tuple[str, tuple[Any, ...], Recorded], ...]
+#: The same, where the servers' catalogs say it (``LocalClusters.empty``): each server's catalog, and per server the
+#: migrations recorded.
+Catalogued = tuple[tuple[str, ...], tuple[tuple[str, Recorded], ...]]
 
 
 def new_name() -> str:
@@ -57,16 +62,14 @@ def shape(clients: Clients, name: str) -> Shape:
             indexes = tuple(sorted(_index(dict(spec)) for spec in db[info["name"]].list_indexes()))
             options = json.dumps(info.get("options", {}), sort_keys=True, default=str)
             collections.append((str(info["name"]), str(info.get("type", "collection")), options, indexes))
-        migrations = tuple(sorted((str(d["_id"]), str(d.get("checksum"))) for d in db[MIGRATIONS_COLLECTION].find({})))
-        out.append((server, tuple(collections), migrations))
+        out.append((server, tuple(collections), recorded(client, name)))
     return tuple(out)
 
 
-def migrations(clients: Clients, name: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
-    """The migrations database *name* records on every server: (id, checksum) each."""
-    return tuple((server, tuple(sorted((str(d["_id"]), str(d.get("checksum")))
-                                      for d in client[name][MIGRATIONS_COLLECTION].find({}, {"checksum": 1}))))
-                 for server, client in sorted(clients.items()))
+def recorded(client: MongoClient[dict[str, Any]], name: str) -> Recorded:
+    """The migrations database *name* records on *client*'s server."""
+    return tuple(sorted((str(d["_id"]), str(d.get("checksum")))
+                        for d in client[name][MIGRATIONS_COLLECTION].find({}, {"checksum": 1})))
 
 
 class DatabasePool:
@@ -89,9 +92,9 @@ class DatabasePool:
         self._clients = clients
         self._empty = empty
         self._free: dict[str, list[str]] = {}
-        self._templates: dict[str, Any] = {}
+        self._templates: dict[str, Shape | Catalogued] = {}
 
-    def template(self, layout: str) -> Any:
+    def template(self, layout: str) -> Shape | Catalogued | None:
         """What a database freshly registered in *layout* holds on the servers (None until one was made)."""
         return self._templates.get(layout)
 
@@ -118,10 +121,10 @@ class DatabasePool:
         self._free.setdefault(layout, []).append(name)
         return True
 
-    def _empty_and_shape(self, name: str) -> Any:
+    def _empty_and_shape(self, name: str) -> Shape | Catalogued:
         catalogs = self._empty(name, keep=[MIGRATIONS_COLLECTION]) if self._empty is not None else None
         if catalogs is not None:
-            return catalogs, migrations(self._clients, name)
+            return catalogs, tuple((server, recorded(client, name)) for server, client in sorted(self._clients.items()))
         found = shape(self._clients, name)
         for server, collections, _migrations in found:
             db = self._clients[server][name]
