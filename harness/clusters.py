@@ -46,8 +46,8 @@ import pymongo
 import pymongo.errors
 
 from .errors import HarnessError
-from .documentdb import (DOCUMENTDB_SETTINGS, DOCUMENTDB_VERSION, FERRETDB2_VERSION, empty_database, ensure_ferretdb2,
-                         vacuum_collection)
+from .documentdb import (DOCUMENTDB_SETTINGS, DOCUMENTDB_SETUP, DOCUMENTDB_VERSION, FERRETDB2_VERSION, empty_database,
+                         ensure_ferretdb2, vacuum_collection)
 from .ferretdb import FERRETDB_VERSION, ensure_ferretdb
 from .javaserver import JAVASERVER_VERSION, ensure_javaserver
 from .postgres import RESERVED_DATABASES, LocalPostgres, find_postgres
@@ -381,6 +381,7 @@ class LocalClusters:
                     settings=DOCUMENTDB_SETTINGS,
                     library_path=tree.library_path,
                     extensions=("documentdb",),
+                    setup_sql=DOCUMENTDB_SETUP,
                 ))
             with concurrent.futures.ThreadPoolExecutor(len(self.postgres_servers)) as pool:
                 for future in [pool.submit(pg.start, timeout=self.timeout) for pg in self.postgres_servers]:

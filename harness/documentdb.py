@@ -71,8 +71,20 @@ DOCUMENTDB_SETTINGS = {
     # space of dead versions freed VACUUM the one collection themselves (LocalClusters.vacuum).
     "autovacuum_vacuum_threshold": "2000000000",
     "autovacuum_vacuum_insert_threshold": "-1",
+    # Test speed (measured with DOCUMENTDB_SETUP in docs/servers.md): no JIT compiling of plans over large
+    # collections, and documents too large to keep inline compressed with lz4, not pglz (pglz_decompress was 4% of
+    # the suite's CPU: buckets are large documents).
+    "jit": "off",
+    "default_toast_compression": "lz4",
 }
 """The PostgreSQL settings DocumentDB needs, besides the harness's own (port, test-speed settings)."""
+
+DOCUMENTDB_SETUP = """SELECT cron.alter_job(jobid, schedule => '30 seconds') FROM cron.job
+WHERE command LIKE '%build_index_concurrently%';"""
+"""Run once on a new test server: DocumentDB's two jobs that build queued indexes run every 30 s instead of every 2 s.
+Each run is a new PostgreSQL connection (a forked backend); at 2 s the two cost an idle server 1.6% of a core, and the
+suite runs six servers at once. FerretDB builds indexes in its own request (100,000 documents: 0.45 s, no job), so the
+jobs find nothing queued."""
 
 
 @attrs.frozen

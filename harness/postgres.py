@@ -157,6 +157,8 @@ class LocalPostgres:
     """A folder the server's shared libraries are looked for in first (``LD_LIBRARY_PATH``)."""
     extensions: tuple[str, ...] = attrs.field(default=(), repr=False)
     """Extensions created (with their requirements) in the ``postgres`` database after the first start."""
+    setup_sql: str = attrs.field(default="", repr=False)
+    """SQL run in the ``postgres`` database after the first start, once the extensions exist."""
     _process: subprocess.Popen[bytes] | None = attrs.field(default=None, repr=False, alias="process")
 
     @classmethod
@@ -172,11 +174,12 @@ class LocalPostgres:
         settings: Mapping[str, str] | None = None,
         library_path: Path | None = None,
         extensions: Sequence[str] = (),
+        setup_sql: str = "",
     ) -> LocalPostgres:
         """Prepare ``data_dir`` (owned by the ``postgres`` user when we are root).
 
         ``binaries`` default to :func:`find_postgres`; ``port`` to a free port. ``settings``,
-        ``library_path`` and ``extensions`` serve servers with extensions (DocumentDB, see
+        ``library_path``, ``extensions`` and ``setup_sql`` serve servers with extensions (DocumentDB, see
         :mod:`harness.documentdb`).
         """
         binaries = binaries or find_postgres()
@@ -199,6 +202,7 @@ class LocalPostgres:
             settings=dict(settings or {}),
             library_path=library_path,
             extensions=tuple(extensions),
+            setup_sql=setup_sql,
         )
 
     @property
@@ -253,6 +257,8 @@ class LocalPostgres:
             self._wait_ready(timeout=timeout)
             if fresh and self.extensions:
                 self._psql("".join(f"CREATE EXTENSION IF NOT EXISTS {quote_identifier(e)} CASCADE;\n" for e in self.extensions))
+            if fresh and self.setup_sql:
+                self._psql(self.setup_sql)
             self.create_databases(databases)
         except BaseException:
             self.stop()

@@ -179,6 +179,11 @@ def test_ferretdb2_runs_each_cluster_on_its_own_postgres(tmp_path: Path, monkeyp
         shown = pg1.run_sql("SELECT current_setting('autovacuum_naptime'), current_setting('autovacuum_vacuum_threshold'),"
                             " current_setting('autovacuum_vacuum_insert_threshold'), current_setting('autovacuum')")
         assert shown.strip() == "1s|2000000000|-1|on"
+        # test speed: no JIT, lz4 for large documents, DocumentDB's index-queue jobs every 30 s (docs/servers.md)
+        shown = pg1.run_sql("SELECT current_setting('jit'), current_setting('default_toast_compression')")
+        assert shown.strip() == "off|lz4"
+        schedules = pg2.run_sql("SELECT schedule FROM cron.job WHERE command LIKE '%build_index_concurrently%'")
+        assert schedules.split() == ["30", "seconds", "30", "seconds"]
         with _client(first.uri) as one, _client(second.uri) as two:
             assert one.admin.command("buildInfo")["ferretdb"]["version"] == FERRETDB2_VERSION
             one.shared_name.items.insert_one({"_id": 1, "text": "only in cluster_1"})
