@@ -121,7 +121,7 @@ class AsyncFeedRouter(AsyncLiveDoor):
         try:
             timemap = await clusters.load_timemap()
         except BaseException:
-            await clusters.close()
+            await clusters.close(within=self.settings.timeout + 5)
             raise
         self._clusters = clusters
         self._routing = Routing(timemap, started, self.config.rollover.lead_time if self.config.rollover else None)
@@ -513,7 +513,8 @@ class AsyncFeedRouter(AsyncLiveDoor):
 
     async def close(self) -> None:
         """Refuse new calls, let the ones in flight finish (each bounded by ``timeout``), cancel background
-        fan-outs between batches (resumable), stop the refresh task, close every client."""
+        fan-outs between batches (resumable), stop the refresh task, close every client (waiting for them at most
+        ``timeout`` + 5 s: a client that does not finish closing is left, with a warning)."""
         if self._closed:
             return
         self._on_loop("close")
@@ -529,4 +530,4 @@ class AsyncFeedRouter(AsyncLiveDoor):
                 log.warning("close(): calls still running after %.0f s; closing the clients under them",
                             self.settings.timeout + 5)
         if self._clusters is not None:
-            await self._clusters.close()
+            await self._clusters.close(within=self.settings.timeout + 5)

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Collection as AnyCollection
@@ -40,6 +41,8 @@ from .requests import (
 )
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 AsyncClient = AsyncMongoClient[dict[str, Any]]
@@ -235,9 +238,24 @@ class AsyncClusters:
         finally:
             self.clients.release_cold()
 
-    async def close(self) -> None:
-        """Close every client."""
-        closing = [*self._closing, *(c.close() for c in self.clients.drain())]
+    async def close(self, *, within: float | None = None) -> None:
+        """Close every client and the push channel; give up on any still closing after *within* seconds.
+
+        A client's close ends its sessions on the server, through its connection pool. pymongo's async pool
+        was seen to hang there for good, its lock held by a wait that a cancellation had ended (a read cut at
+        its deadline while the pool was reset under it): the router's close must not hang with it.
+        """
+        closing = [asyncio.ensure_future(c) for c in (*self._closing, *(c.close() for c in self.clients.drain()))]
         if self.push is not None:
-            closing.append(self.push.close())
-        await asyncio.gather(*closing, return_exceptions=True)
+            closing.append(asyncio.ensure_future(self.push.close()))
+        if not closing:
+            return
+        done, pending = await asyncio.wait(closing, timeout=within)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # (retrieved: a client that failed to close is closed as far as the router goes)
+        if pending:
+            log.warning("close(): %d of %d clients still closing after %.0f s; left unfinished", len(pending),
+                        len(closing), within)
+            for task in pending:
+                task.cancel()

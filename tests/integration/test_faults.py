@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,7 @@ from pymongo import MongoClient
 
 from router import (
     Activity,
+    AsyncFeedRouter,
     ClusterUnavailable,
     FeedItem,
     FeedRouter,
@@ -374,3 +377,33 @@ def test_the_first_request_after_a_restart_gets_the_calls_time(
             assert client[db_name].feed.count_documents({"receiver_id": 3}) == 20_000
         finally:
             client.close()
+
+
+def test_an_async_close_does_not_hang_on_a_client_that_never_closes(
+        make_config: Callable[..., RouterConfig], caplog: pytest.LogCaptureFixture) -> None:
+    """AsyncFeedRouter.close() returns within ``timeout`` + 5 s when a client's close never ends. The client's pool
+    lock is held, the state pymongo's async pool was found in by a fresh-clone run, where close() then waited for good
+    (in the client's endSessions): its lock held by a wait a cancellation had ended. The router logs that it left the
+    client unfinished."""
+    config = make_config(timeout=TIMEOUT)
+    register(config)
+    router = AsyncFeedRouter(config, clock=lambda: NOW, refresh=False)
+
+    async def scenario() -> float:
+        await router.start()
+        await router.read(1)  # the data client is made, and its pool holds a connection and a session
+        storage = router._clusters
+        assert storage is not None
+        spec = config.clusters[-1]
+        with storage.clients.using(spec, "feed") as client:
+            pools = [server.pool for server in client._topology._servers.values()]
+        for pool in pools:
+            await pool.lock.acquire()  # never released: every checkout and the pool's close wait on it
+        began = time.monotonic()
+        await asyncio.wait_for(router.close(), HANG)
+        return time.monotonic() - began
+
+    with caplog.at_level(logging.WARNING, logger="router.storage.aclusters"):
+        elapsed = asyncio.run(scenario())
+    assert elapsed < TIMEOUT.total_seconds() + 5 + 3, elapsed
+    assert any("still closing after 7 s; left unfinished" in r.getMessage() for r in caplog.records), caplog.text
