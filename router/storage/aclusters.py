@@ -241,9 +241,10 @@ class AsyncClusters:
     async def close(self, *, within: float | None = None) -> None:
         """Close every client and the push channel; give up on any still closing after *within* seconds.
 
-        A client's close ends its sessions on the server, through its connection pool. pymongo's async pool
-        was seen to hang there for good, its lock held by a wait that a cancellation had ended (a read cut at
-        its deadline while the pool was reset under it): the router's close must not hang with it.
+        A client's close ends its sessions on the server, through its connection pool. A test run saw that
+        wait never end: after reads cut at their deadline against a stopped deployment, the pool's lock was
+        never given back (a cancelled wait of the pool's condition still waited for it too). The router's
+        close must not hang with it.
         """
         closing = [asyncio.ensure_future(c) for c in (*self._closing, *(c.close() for c in self.clients.drain()))]
         if self.push is not None:

@@ -382,9 +382,9 @@ def test_the_first_request_after_a_restart_gets_the_calls_time(
 def test_an_async_close_does_not_hang_on_a_client_that_never_closes(
         make_config: Callable[..., RouterConfig], caplog: pytest.LogCaptureFixture) -> None:
     """AsyncFeedRouter.close() returns within ``timeout`` + 5 s when a client's close never ends. The client's pool
-    lock is held, the state pymongo's async pool was found in by a fresh-clone run, where close() then waited for good
-    (in the client's endSessions): its lock held by a wait a cancellation had ended. The router logs that it left the
-    client unfinished."""
+    lock is held: in a fresh-clone run, close() waited for good in the client's endSessions for that lock (and so did a
+    cancelled wait of the pool's condition), after reads cut at their deadline against a stopped deployment. The router
+    logs that it left the client unfinished."""
     config = make_config(timeout=TIMEOUT)
     register(config)
     router = AsyncFeedRouter(config, clock=lambda: NOW, refresh=False)
