@@ -121,7 +121,7 @@ class AsyncFeedRouter(AsyncLiveDoor):
         try:
             timemap = await clusters.load_timemap()
         except BaseException:
-            await clusters.close(within=self.settings.timeout + 5)
+            await clusters.close(within=self.settings.close_wait)
             raise
         self._clusters = clusters
         self._routing = Routing(timemap, started, self.config.rollover.lead_time if self.config.rollover else None)
@@ -525,9 +525,9 @@ class AsyncFeedRouter(AsyncLiveDoor):
         await self._close_live()
         if self._idle is not None:
             try:
-                await asyncio.wait_for(self._idle.wait(), self.settings.timeout + 5)
+                await asyncio.wait_for(self._idle.wait(), self.settings.close_wait)
             except TimeoutError:
                 log.warning("close(): calls still running after %.0f s; closing the clients under them",
-                            self.settings.timeout + 5)
+                            self.settings.close_wait)
         if self._clusters is not None:
-            await self._clusters.close(within=self.settings.timeout + 5)
+            await self._clusters.close(within=self.settings.close_wait)

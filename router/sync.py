@@ -476,8 +476,8 @@ class FeedRouter(LiveDoor):
         fan-outs between batches (resumable), stop the refresh thread, close every client."""
         self._stop.set()
         self._fanouts.close(drain=False)
-        if not self._calls.close(self.settings.timeout + 5):
-            log.warning("close(): calls still running after %.0f s; closing the clients under them", self.settings.timeout + 5)
+        if not self._calls.close(self.settings.close_wait):
+            log.warning("close(): calls still running after %.0f s; closing the clients under them", self.settings.close_wait)
         self.stop_refresh()
         self._close_live()
         self._clusters.close()

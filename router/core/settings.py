@@ -37,6 +37,12 @@ class Settings:
     #: of erasure records: only for measuring what that check costs (the benchmark); never in service.
     pseudonyms: Pseudonyms | None = attrs.field(factory=Pseudonyms, repr=False)
 
+    @property
+    def close_wait(self) -> float:
+        """How long ``close()`` waits for the calls in flight (each bounded by ``timeout``), and the async door
+        then for its clients to close: ``timeout`` plus 5 s."""
+        return self.timeout + 5
+
     @classmethod
     def from_config(cls, config: RouterConfig) -> Settings:
         timeout = config.timeout.total_seconds()
