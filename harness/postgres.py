@@ -255,10 +255,9 @@ class LocalPostgres:
         )
         try:
             self._wait_ready(timeout=timeout)
-            if fresh and self.extensions:
-                self._psql("".join(f"CREATE EXTENSION IF NOT EXISTS {quote_identifier(e)} CASCADE;\n" for e in self.extensions))
-            if fresh and self.setup_sql:
-                self._psql(self.setup_sql)
+            if fresh and (self.extensions or self.setup_sql):  # one psql for both
+                self._psql("".join(f"CREATE EXTENSION IF NOT EXISTS {quote_identifier(e)} CASCADE;\n" for e in self.extensions)
+                           + self.setup_sql)
             self.create_databases(databases)
         except BaseException:
             self.stop()
