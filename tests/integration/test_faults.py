@@ -101,6 +101,19 @@ def page_all(router: FeedRouter, receiver: int, limit: int, policy: str) -> tupl
     raise AssertionError("paging did not end")
 
 
+def wait_until_served(router: FeedRouter, receiver: int, cursor: str, *, within: float = 30.0) -> None:
+    """Block until the page at *cursor* (which owes the restarted cluster) is whole: the router's client sees it back.
+
+    A restarted server is not seen at once (the client rechecks it twice a second, and a loaded machine may take a
+    few turns); a read before that is partial, as documented, and that is not what the test after it is about. A
+    cursor is a value, so reading it again changes nothing.
+    """
+    deadline = time.monotonic() + within
+    while router.read(receiver, limit=1, cursor=cursor, on_unavailable="partial").partial:
+        assert time.monotonic() < deadline, f"the router did not see the restarted server within {within:.0f} s"
+        time.sleep(0.2)
+
+
 def test_killed_cluster_partial_pages_then_recovery(spare_router: tuple[FeedRouter, LocalServer], raw_clients: Clients, db_name: str) -> None:
     """With cluster_2 killed: its writes fail by index, others land; reads are partial; after restart nothing is skipped."""
     router, server = spare_router
@@ -130,7 +143,8 @@ def test_killed_cluster_partial_pages_then_recovery(spare_router: tuple[FeedRout
     assert cursor is not None  # it still owes cluster_2's items
 
     server.restart()
-    while cursor is not None:  # the same cursor, once the cluster is back
+    wait_until_served(router, 1, cursor)
+    while cursor is not None:  # the same cursor, once the router sees the cluster back
         page = router.read(1, limit=40, cursor=cursor, on_unavailable="partial")
         assert not page.partial
         seen.extend(page.items)
