@@ -86,11 +86,10 @@ def assert_accounted(result: FanOutResult, total: int) -> None:
 
 
 @MANY_COPIES
-def test_200k_receivers_give_200k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str,
-                                                               door: str, layout: str) -> None:
-    """A generator of 200k receivers (through the sync door, in copies; 20k elsewhere, whose batches of 1,000 are the
-    same): exactly that many documents, all in the cluster owning event_time."""
-    n = 200_000 if (door, layout) == ("sync", "copies") else 20_000
+def test_20k_receivers_give_20k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
+    """A generator of 20k receivers: exactly that many documents, all in the cluster owning event_time, in 20 batches
+    of 1,000. (It was 200k: the batches are the same; the fan-outs of 100k are the delete and memory tests'.)"""
+    n = 20_000
     result = router.fan_out(activity(), people(n, start=10_000_000))
     assert result.ok and result.cluster == OWNER
     assert (result.written, result.already_present, result.skipped, result.failed) == (n, 0, 0, 0)
@@ -408,17 +407,17 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
 
 @MANY_COPIES
 def test_delete_removes_every_copy_of_a_fan_out(
-    router: FeedRouter, raw_clients: Clients, db_name: str, door: str
+    router: FeedRouter, raw_clients: Clients, db_name: str, door: str, layout: str
 ) -> None:
-    """delete(data_key) of a 100k-receiver fan-out succeeds with the default timeouts (on the sync door; the async
-    door, which runs the same program, deletes 20k).
+    """delete(data_key) of a 100k-receiver fan-out succeeds with the default timeouts (on the sync door, in copies;
+    elsewhere 20k: the async door runs the same program, and in buckets 100k took 85 s against 24 s in copies).
 
     The router first sends one delete of every copy; when the server does not finish it within
     its share of the timeout (as on a loaded machine), it goes on in bounded steps. Which path
     a run takes depends on the machine, so this test asserts what both promise: every copy
     gone, counted once, nothing else removed; tests/unit/test_edit_steps.py drives each path.
     """
-    n = 100_000 if door == "sync" else 20_000
+    n = 100_000 if (door, layout) == ("sync", "copies") else 20_000
     act = activity(9)
     other = router.fan_out(activity(10), people(100))
     result = router.fan_out(act, people(n))
