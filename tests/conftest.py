@@ -19,10 +19,29 @@ _skipped: list[str] = []
 SERVED_BY = pytest.StashKey[str]()
 
 
+#: Where to write when each test ran and on which worker (scripts/test sets it): (worker, start, stop, test) per line.
+_TIMELINE = os.environ.get("FEED_TEST_TIMELINE")
+_started: dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the controller writes the timeline (it sees every worker's reports), not the workers."""
+    global _TIMELINE
+    if hasattr(config, "workerinput"):
+        _TIMELINE = None
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Remember every skipped test."""
+    """Remember every skipped test; with FEED_TEST_TIMELINE, add each finished test's span to that file."""
     if report.skipped:
         _skipped.append(report.nodeid)
+    if _TIMELINE and report.when == "setup":
+        _started[report.nodeid] = report.start
+    elif _TIMELINE and report.when == "teardown":
+        node = getattr(report, "node", None)  # under pytest-xdist (in the controller): the worker that ran it
+        worker = getattr(getattr(node, "gateway", None), "id", "main")
+        with open(_TIMELINE, "a", encoding="utf-8") as out:
+            out.write(f"{worker}\t{_started.pop(report.nodeid, report.start):.2f}\t{report.stop:.2f}\t{report.nodeid}\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
