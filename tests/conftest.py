@@ -62,6 +62,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+#: The integration files that take longest (test-seconds of a full run: .cache/test-times/), longest first. Under pytest-xdist
+#: (scripts/test: ``--dist loadfile --no-loadscope-reorder``) files are handed out in collection order as workers
+#: free up, so these go first and the short ones fill in at the end, instead of a worker starting a two-minute file
+#: while the others run out of work (xdist's own order, most tests first, put test_bench's one test last). Only the
+#: order depends on this list: a stale one costs minutes, never a result.
+LONGEST_FIRST = ("test_fanout.py", "test_erasure_races.py", "test_faults.py", "test_fence.py", "test_social.py",
+                 "test_celery.py", "test_rollover.py", "test_buckets_moves.py", "test_router.py", "test_bench.py",
+                 "test_groups.py", "test_edits.py", "test_shared_deployment.py", "test_cli.py", "test_operator.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the files of :data:`LONGEST_FIRST` first, in its order; every other file, and the tests within each file,
+    keep their order."""
+    rank = {f"integration/{name}": i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(f"{item.path.parent.name}/{item.path.name}", len(rank)))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:
     """Under pytest-xdist: keep what served a finished worker's storage tests, for the summary."""
