@@ -417,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
+    previous = root.level  # given back on return: a caller running main() in its own process keeps its logging
     root.addHandler(handler)
     root.setLevel(level)
     try:
@@ -462,4 +463,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         root.removeHandler(handler)
+        root.setLevel(previous)
 
