@@ -37,7 +37,7 @@ from router.core.layouts import DEFAULT, LAYOUTS
 from router.storage.clusters import Cluster
 from harness import javaserver
 from harness.clusters import ALIASES, BACKEND_ENV
-from harness.localservers import LocalClusters
+from harness.localservers import LocalClusters, LocalServer
 
 from ..conftest import SERVED_BY
 from .doors import AsyncDoor, LoopThread
@@ -219,6 +219,30 @@ def db_name(request: pytest.FixtureRequest, servers: LocalClusters, raw_clients:
     drop = javaserver.drop_database if servers.backend == "javaserver" else MongoClient.drop_database
     for c in raw_clients.values():
         drop(c, name)
+
+
+@pytest.fixture(scope="module")
+def spare_server() -> Iterator[LocalServer]:
+    """One more local server, of the test file's own (its tests kill, pause and restart it): see :func:`spare`."""
+    with LocalClusters(1, names=["spare"]) as spare:
+        yield spare.servers[0]
+
+
+@pytest.fixture
+def spare(spare_server: LocalServer, db_name: str) -> Iterator[LocalServer]:
+    """The file's spare server, running (a test that failed may have left it killed or paused), for a test that puts
+    one of its periods there; the test's database on it is dropped afterwards. (A server started for each such test
+    cost a server start every time.)"""
+    if not spare_server.alive:
+        spare_server.restart()
+    spare_server.resume()
+    yield spare_server
+    if spare_server.alive:
+        spare_server.resume()
+        # (mongo-java-server cannot drop a database the migrations reached as it is: an index bug of its own)
+        drop = javaserver.drop_database if spare_server.backend == "javaserver" else MongoClient.drop_database
+        with MongoClient(spare_server.uri) as client:
+            drop(client, db_name)
 
 
 @pytest.fixture

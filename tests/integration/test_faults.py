@@ -43,20 +43,19 @@ HANG = 60.0
 
 @pytest.fixture
 def spare_router(
-    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any]
+    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any], spare: LocalServer,
 ) -> Iterator[tuple[FeedRouter, LocalServer]]:
-    """A router (through the test's door) whose cluster_2 (the middle period) runs on a server of the test's own."""
-    with LocalClusters(1, names=["spare"]) as spare:
-        uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
-        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], timeout=TIMEOUT, **FAST)
-        register(config)
-        router = open_router(config, clock=lambda: NOW, refresh=False)
-        try:
-            yield router, spare.servers[0]
-        finally:
-            done = threading.Event()
-            threading.Thread(target=lambda: (router.close(), done.set()), daemon=True).start()
-            assert done.wait(HANG), "close() hung"
+    """A router (through the test's door) whose cluster_2 (the middle period) runs on the file's spare server."""
+    uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
+    config = make_config(uris=[uris[0], spare.uri, uris[1]], timeout=TIMEOUT, **FAST)
+    register(config)
+    router = open_router(config, clock=lambda: NOW, refresh=False)
+    try:
+        yield router, spare
+    finally:
+        done = threading.Event()
+        threading.Thread(target=lambda: (router.close(), done.set()), daemon=True).start()
+        assert done.wait(HANG), "close() hung"
 
 
 def in_thread(fn: Callable[[], Any]) -> Any:

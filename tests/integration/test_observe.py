@@ -19,7 +19,7 @@ from router import Activity, FeedItem, FeedRouter, RouterConfig, StaleMetadata, 
 from router.admin.scrape import parse
 from router.config import RolloverConfig
 from router.observe.prometheus import PrometheusMetrics
-from harness.localservers import LocalClusters, LocalServer
+from harness.localservers import LocalServer
 from harness.proxy import BlipProxy
 
 from .conftest import NOW, P0, P1, P2, register
@@ -43,16 +43,15 @@ def ten_in_each(offset: int = 0) -> list[FeedItem]:
 
 @pytest.fixture
 def observed(
-    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any]
+    make_config: Callable[..., RouterConfig], raw_clients: Clients, open_router: Callable[..., Any], spare: LocalServer,
 ) -> Iterator[tuple[FeedRouter, CollectorRegistry, LocalServer]]:
-    """A router with Prometheus metrics whose cluster_2 runs on a server of the test's own."""
-    with LocalClusters(1, names=["spare"]) as spare:
-        uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
-        config = make_config(uris=[uris[0], spare.uris[0], uris[1]], timeout=timedelta(seconds=2), **FAST)
-        register(config)
-        registry = CollectorRegistry()
-        router = open_router(config, clock=lambda: NOW, refresh=False, metrics=PrometheusMetrics(registry=registry))
-        yield router, registry, spare.servers[0]
+    """A router with Prometheus metrics whose cluster_2 runs on the file's spare server."""
+    uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
+    config = make_config(uris=[uris[0], spare.uri, uris[1]], timeout=timedelta(seconds=2), **FAST)
+    register(config)
+    registry = CollectorRegistry()
+    router = open_router(config, clock=lambda: NOW, refresh=False, metrics=PrometheusMetrics(registry=registry))
+    yield router, registry, spare
 
 
 def test_metrics_count_exactly_what_happened(observed: tuple[FeedRouter, CollectorRegistry, LocalServer]) -> None:

@@ -27,6 +27,7 @@ from router.storage.clusters import Cluster, Clusters
 from harness.localservers import LocalClusters
 
 from . import stored
+from .pool import new_name
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
 pytestmark = pytest.mark.contract
@@ -51,14 +52,15 @@ class Clock:
 
 class Env:
     """Dedicated local servers: cluster_1 [P0, P1), cluster_2 [P1, open), the rest standby (migrated, empty); every
-    period, and every one a rollover adds, in *layout*."""
+    period, and every one a rollover adds, in *layout*; all in *database* (``feed`` unless given)."""
 
     def __init__(self, local: LocalClusters, *, standby_migrated: bool = True, refresh: timedelta = timedelta(seconds=60),
-                 layout: str = DEFAULT) -> None:
+                 layout: str = DEFAULT, database: str = "feed") -> None:
         self.local = local
+        self.database = database
         names = [s.name for s in local.servers]
         self.config = RouterConfig(
-            database="feed",
+            database=database,
             clusters=tuple(
                 ClusterConfig(name=s.name, uri=s.uri, options={"serverSelectionTimeoutMS": 700, "connectTimeoutMS": 700})
                 for s in local.servers
@@ -82,23 +84,37 @@ class Env:
         self.raw = {s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers}
 
     def meta(self) -> dict[str, list[dict[str, Any]]]:
-        return {n: list(c.feed.metadata.find({}, {"_id": 1, "start_date": 1, "end_date": 1})) for n, c in self.raw.items()}
+        return {n: list(c[self.database].metadata.find({}, {"_id": 1, "start_date": 1, "end_date": 1}))
+                for n, c in self.raw.items()}
 
     def feed(self, name: str) -> list[Copy]:
         """The copies cluster *name* stores, read through its period's layout."""
-        return stored.copies(self.raw[name].feed)
+        return stored.copies(self.raw[name][self.database])
 
     def close(self) -> None:
         for c in self.raw.values():
             c.close()
 
 
-@pytest.fixture
-def env3(layout: str) -> Iterator[Env]:
+@pytest.fixture(scope="module")
+def rollover_servers() -> Iterator[LocalClusters]:
+    """Three servers of this file's own, which its tests pause, kill and restart; each test has a database of its own
+    on them (:func:`env3`). (A set per test cost three server starts each, 20 times a run.)"""
     with LocalClusters(3) as local:
-        env = Env(local, refresh=timedelta(milliseconds=100), layout=layout)
-        yield env
-        env.close()
+        yield local
+
+
+@pytest.fixture
+def env3(layout: str, rollover_servers: LocalClusters) -> Iterator[Env]:
+    for server in rollover_servers.servers:  # one a failed test left killed or paused serves the next test again
+        if not server.alive:
+            server.restart()
+        server.resume()
+    env = Env(rollover_servers, refresh=timedelta(milliseconds=100), layout=layout, database=new_name())
+    yield env
+    for client in env.raw.values():
+        client.drop_database(env.database)
+    env.close()
 
 
 def item(t: datetime, n: int, sender: int) -> FeedItem:
@@ -221,7 +237,7 @@ def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixtu
         migrate_cluster(Cluster(env.config.clusters[2], env.config), env.config, discover())
         assert scheduler.tick() == [] and scheduler.last_error is None
         assert registry.get_sample_value("feedrouter_standby_ready") == 1
-        env.raw["cluster_3"].feed.feed.insert_one({"receiver_id": 1, "event_time": B})
+        env.raw["cluster_3"][env.database].feed.insert_one({"receiver_id": 1, "event_time": B})
         with Clusters(env.config) as clusters, pytest.raises(RolloverError, match=r"already holds 1 documents \(1 feed\)"):
             plan_rollover(clusters, env.config, now=T0)
         scheduler.close()
@@ -298,7 +314,7 @@ def test_every_time_placed_record_blocks_a_rollover_that_would_strand_it(env3: E
     """A seen marker, a read mark of groups, a pulled post's outbox entry or a fan-out job dated past B in cluster_2
     each refuse the rollover at B (each counted and named); a standby holding any of them is not ready; without them
     it goes through."""
-    c2, c3 = env3.raw["cluster_2"].feed, env3.raw["cluster_3"].feed
+    c2, c3 = env3.raw["cluster_2"][env3.database], env3.raw["cluster_3"][env3.database]
     after = B + timedelta(hours=5)
     records = [
         ("seen", after, {"receiver_id": 1, "event_time": after, "key": ObjectId()}),
