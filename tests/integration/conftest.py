@@ -215,10 +215,23 @@ def db_name(request: pytest.FixtureRequest, servers: LocalClusters, raw_clients:
     yield name
     if database_pool is not None and passed(request.node) and database_pool.give_back(name):
         return
-    # mongo-java-server cannot drop a database the migrations reached as it is (an index bug of its own).
-    drop = javaserver.drop_database if servers.backend == "javaserver" else MongoClient.drop_database
     for c in raw_clients.values():
-        drop(c, name)
+        drop_database(c, name, servers.backend)
+
+
+def drop_database(client: MongoClient[Any], name: str, backend: str) -> None:
+    """Drop database *name* on *client*'s server, of *backend*: mongo-java-server cannot drop a database the
+    migrations reached as it is (an index bug of its own), so there it takes :func:`harness.javaserver.drop_database`."""
+    (javaserver.drop_database if backend == "javaserver" else MongoClient.drop_database)(client, name)
+
+
+def running(server: LocalServer) -> LocalServer:
+    """*server*, running again if a test (one that failed, say) left it killed or paused; a server a test file keeps
+    for tests that kill, pause and restart it gives each test one that serves."""
+    if not server.alive:
+        server.restart()
+    server.resume()  # SIGCONT to a running server is harmless
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -233,16 +246,9 @@ def spare(spare_server: LocalServer, db_name: str) -> Iterator[LocalServer]:
     """The file's spare server, running (a test that failed may have left it killed or paused), for a test that puts
     one of its periods there; the test's database on it is dropped afterwards. (A server started for each such test
     cost a server start every time.)"""
-    if not spare_server.alive:
-        spare_server.restart()
-    spare_server.resume()
-    yield spare_server
-    if spare_server.alive:
-        spare_server.resume()
-        # (mongo-java-server cannot drop a database the migrations reached as it is: an index bug of its own)
-        drop = javaserver.drop_database if spare_server.backend == "javaserver" else MongoClient.drop_database
-        with MongoClient(spare_server.uri) as client:
-            drop(client, db_name)
+    yield running(spare_server)
+    with MongoClient(running(spare_server).uri) as client:
+        drop_database(client, db_name, spare_server.backend)
 
 
 @pytest.fixture

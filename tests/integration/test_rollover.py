@@ -27,6 +27,7 @@ from router.storage.clusters import Cluster, Clusters
 from harness.localservers import LocalClusters
 
 from . import stored
+from .conftest import drop_database, running
 from .pool import new_name
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -106,14 +107,14 @@ def rollover_servers() -> Iterator[LocalClusters]:
 
 @pytest.fixture
 def env3(layout: str, rollover_servers: LocalClusters) -> Iterator[Env]:
-    for server in rollover_servers.servers:  # one a failed test left killed or paused serves the next test again
-        if not server.alive:
-            server.restart()
-        server.resume()
+    for server in rollover_servers.servers:
+        running(server)
     env = Env(rollover_servers, refresh=timedelta(milliseconds=100), layout=layout, database=new_name())
     yield env
+    for server in rollover_servers.servers:
+        running(server)
     for client in env.raw.values():
-        client.drop_database(env.database)
+        drop_database(client, env.database, rollover_servers.backend)
     env.close()
 
 
