@@ -47,7 +47,7 @@ def observed(
 ) -> Iterator[tuple[FeedRouter, CollectorRegistry, LocalServer]]:
     """A router with Prometheus metrics whose cluster_2 runs on the file's spare server."""
     uris = [f"mongodb://{h}:{p}" for h, p in (raw_clients["cluster_1"].address, raw_clients["cluster_3"].address)]
-    config = make_config(uris=[uris[0], spare.uri, uris[1]], timeout=timedelta(seconds=2), **FAST)
+    config = make_config(uris=[uris[0], spare.uri, uris[1]], timeout=timedelta(seconds=30), **FAST)
     register(config)
     registry = CollectorRegistry()
     router = open_router(config, clock=lambda: NOW, refresh=False, metrics=PrometheusMetrics(registry=registry))
