@@ -179,9 +179,9 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
 @MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
-    """The same fan-out run twice at once (two threads, three batches in flight each, over 20 batches): every copy
+    """The same fan-out run twice at once (two threads, three batches in flight each, over 10 batches): every copy
     stored once, acknowledged once."""
-    n = 20_000
+    n = 10_000
     act = activity(3)
     results: list[FanOutResult] = []
     failures: list[BaseException] = []
@@ -215,7 +215,7 @@ def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients
 @pytest.mark.parametrize("kind", ["set", "predicate"])
 def test_inactive_receivers_get_nothing(router: FeedRouter, raw_clients: Clients, db_name: str, kind: str) -> None:
     """With an active set or predicate, inactive receivers get no copy and count as skipped."""
-    n = 20_000
+    n = 10_000
     active: Any = frozenset(range(0, n, 2)) if kind == "set" else (lambda r: r % 2 == 0)
     result = router.fan_out(activity(), people(n), active=active)
     assert (result.written, result.skipped, result.failed) == (n // 2, n // 2, 0)
