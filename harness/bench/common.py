@@ -60,8 +60,8 @@ SIZES = {
     "full": Sizes(writes=30_000, cpu=100_000, reps=5, reads=50, deletes=300, fanout=1_000_000, memory=(100_000, 1_000_000),
                   celery=(50_000, 3), layouts=(100_000, 50, 5_000, 3)),
     # Small: checks that every measure runs and reports (tests/integration/test_bench.py); its figures judge nothing.
-    "small": Sizes(writes=1_000, cpu=5_000, reps=1, reads=20, deletes=30, fanout=5_000, memory=(5_000, 20_000),
-                   celery=(2_000, 1), layouts=(2_000, 2, 300, 1), feed_sizes=(20, 200), big_edits=(5_000, 2_000),
+    "small": Sizes(writes=1_000, cpu=5_000, reps=1, reads=20, deletes=30, fanout=5_000, memory=(2_000, 10_000),
+                   celery=(1_000, 1), layouts=(2_000, 2, 300, 1), feed_sizes=(20, 200), big_edits=(5_000, 2_000),
                    erase=(200, 30, 50), group=2_000),
 }
 

@@ -62,7 +62,7 @@ class LiveSizes:
 
 LIVE_SIZES = {
     "full": LiveSizes(fanout=200_000, reps=3, subscribers=(1_000, 10_000), writes=200, idle=10_000, items=30_000),
-    "small": LiveSizes(fanout=5_000, reps=1, subscribers=(20, 100), writes=20, idle=100, items=2_000),
+    "small": LiveSizes(fanout=2_000, reps=1, subscribers=(20, 100), writes=20, idle=100, items=1_000),
 }
 
 
