@@ -33,7 +33,7 @@ from bson import ObjectId
 
 from ...cursor import Position
 from ...model import FeedItem
-from ..nogc import cyclic_gc_paused
+from ..nogc import PROMOTE_AT, cyclic_gc_paused
 from ..policy import RetryPolicy
 from ..steps import Collection, Failure, Program, Request
 from ...layout_names import DEFAULT
@@ -154,7 +154,7 @@ class Layout(Writer[CopyBatch]):
 
     # -- writes ---------------------------------------------------------------------------------
     def documents(self, batch: CopyBatch) -> list[Any]:
-        with cyclic_gc_paused():  # a dict per copy, no cycles (see router.core.nogc)
+        with cyclic_gc_paused(promote=len(batch) >= PROMOTE_AT):  # a dict per copy, no cycles (see router.core.nogc)
             return batch.documents(self)
 
     @abc.abstractmethod

@@ -40,7 +40,7 @@ from ...observe import Event
 from .checks import check_item
 from ..layouts import ItemBatch, Layout, Writer, layout_for, posts
 from ..push import PushItems
-from ..nogc import cyclic_gc_paused
+from ..nogc import PROMOTE_AT, cyclic_gc_paused
 from ..policy import RetryPolicy, code_kind, deadline_in
 from ..periods import PastHorizon, Routing, routed
 from ..steps import Concurrently, Failure, InsertOutcome, Program, Report, Sleep
@@ -358,7 +358,7 @@ def prepare_documents(items: Sequence[FeedItem], routing: Routing, *, indexed: b
                       register: bool = True) -> Built:
     """:func:`prepare`, then every cluster's documents and registry entries, under one pause of the cyclic collector
     (see :mod:`router.core.nogc`): paused for each step alone, it ran in between over the batch's live ids."""
-    with cyclic_gc_paused():
+    with cyclic_gc_paused(promote=len(items) >= PROMOTE_AT):
         prepared = _prepare(items, routing, indexed)
         shares = prepared.batches.items()
         documents = {name: layout_for(routing.timemap, name).documents(batch) for name, (_, batch) in shares}
