@@ -40,6 +40,8 @@ _counter = 0
 _new_oid = ObjectId.__new__
 #: An id's 12 bytes from its second and its last 8 bytes (cheaper than one 96-bit int's ``to_bytes``: ~30 ns an id).
 _pack_id = struct.Struct(">IQ").pack
+#: MurmurHash3_x64_128 (seed 0) of bytes: the 16 bytes ``mmh3.hash_bytes`` gives, ~70 ns a call cheaper.
+_murmur = mmh3.mmh3_x64_128_digest
 
 
 def _reseed() -> None:
@@ -108,7 +110,7 @@ def murmur3_hex(text: str) -> str:
         >>> murmur3_hex("The quick brown fox jumps over the lazy dog")
         '6c1b07bc7bbc4be347939ac4a93c437a'
     """
-    return mmh3.hash_bytes(_utf8(text, "text")).hex()
+    return _murmur(_utf8(text, "text")).hex()
 
 
 def data_key(kind: str, object_id: object) -> str:
@@ -127,7 +129,7 @@ def data_key(kind: str, object_id: object) -> str:
         raw = text.encode("utf-8")
     except UnicodeEncodeError:
         raw = _utf8(text, "object_id")  # raises, naming the field
-    return mmh3.hash_bytes(raw).hex()
+    return _murmur(raw).hex()
 
 
 # -- fan-out copy ids ---------------------------------------------------------------------
@@ -188,7 +190,7 @@ def copy_id(seconds: int, data_key: str, receiver_id: int | str) -> ObjectId:
         key = copy_key(data_key, receiver_id)
     except UnicodeEncodeError as exc:
         raise InvalidItem("receiver_id", f"must be valid Unicode text ({exc.reason})") from None
-    return _wrap(seconds.to_bytes(4, "big") + mmh3.hash_bytes(key)[:8])
+    return _wrap(seconds.to_bytes(4, "big") + _murmur(key)[:8])
 
 
 def _check_stamp(seconds: object, data_key: object) -> None:
@@ -215,10 +217,10 @@ def copy_ids(seconds: int, data_key: str, receivers: Sequence[int | str]) -> lis
     prefix = f"{len(data_key)}:{data_key}".encode("utf-8")
     as_int = prefix + b"i"
     as_str = prefix + b"s"
-    hash_bytes = mmh3.hash_bytes
+    murmur = _murmur
     wrap = _wrap
     return [
-        wrap(stamp + hash_bytes(as_str + r.encode("utf-8") if isinstance(r, str) else b"%b%d" % (as_int, r))[:8])
+        wrap(stamp + murmur(as_str + r.encode("utf-8") if isinstance(r, str) else b"%b%d" % (as_int, r))[:8])
         for r in receivers
     ]
 
@@ -239,7 +241,7 @@ def outbox_id(seconds: int, data_key: str) -> ObjectId:
     """
     _check_stamp(seconds, data_key)
     key = f"{len(data_key)}:{data_key}o".encode("utf-8", "surrogatepass")
-    return _wrap(seconds.to_bytes(4, "big") + mmh3.hash_bytes(key)[:8])
+    return _wrap(seconds.to_bytes(4, "big") + _murmur(key)[:8])
 
 
 __all__ += ["outbox_id"]
