@@ -37,7 +37,8 @@ from .clients import Collections, Deployments, client_maker, secrets_of
 from .clusters import Clusters
 from .push import AsyncPublisher
 from .requests import (
-    IO_REQUESTS, READS, IORequest, calls_for, expired, failed, late, observed, request_op, server_deadline, unknown,
+    IO_REQUESTS, READS, IORequest, calls_for, expired, failed, late, observed, request_op, server_deadline, server_known,
+    unknown,
 )
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
@@ -46,6 +47,37 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 AsyncClient = AsyncMongoClient[dict[str, Any]]
+
+
+#: Calls given up by :func:`_within` and still running: kept referenced until they end.
+_ABANDONED: set[asyncio.Task[Any]] = set()
+
+
+def _abandoned(task: asyncio.Task[Any]) -> None:
+    _ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: the call was given up, its outcome is nobody's
+
+
+async def _within(call: Awaitable[T], seconds: float) -> tuple[bool, T | None]:
+    """``(True, what *call* gave)``, or ``(False, None)`` once *seconds* have passed: then *call* is cancelled and left
+    to end by itself.
+
+    pymongo waits for a server in ``asyncio.wait_for``, which on Python 3.11 can swallow the
+    cancellation ``asyncio.timeout`` sends (when the wait ends in the same turn of the loop:
+    CPython gh-86296); the wait then went on to ``serverSelectionTimeoutMS``, past the call's
+    deadline. Watching the call from outside, in a task of its own, does not depend on it
+    honouring the cancellation. A task per call: used only while the client knows no server
+    the read may use.
+    """
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait((task,), timeout=seconds)
+    if done:
+        return True, task.result()
+    task.cancel()
+    _ABANDONED.add(task)
+    task.add_done_callback(_abandoned)
+    return False, None
 
 
 class AsyncCluster:
@@ -94,7 +126,9 @@ class AsyncCluster:
         under ``pymongo.timeout`` as before: pymongo's write methods take no ``maxTimeMS``, and
         the server must stop a write at its limit (edits split a step it stopped), so only
         pymongo's deadline can send one; a write is a batch, and one wait per batch costs
-        nothing measurable.
+        nothing measurable. While the client knows no server the read may use, pymongo waits
+        for one where a cancellation can be lost, so that read is watched from outside
+        (:func:`_within`).
         """
         with self.clients.using(self.spec, request.collection) as client:
             result: Any = None
@@ -106,6 +140,12 @@ class AsyncCluster:
                         until = server_deadline(client, left)
                         if until is None:
                             return late(request, self.name, client)
+                        if not server_known(request, client):  # pymongo may wait for a server: watched from outside
+                            done, reply = await _within(call(until), left)
+                            if not done:
+                                return expired(request, self.name, client, left)
+                            result = answer(reply)
+                            continue
                         bound = asyncio.timeout(left)
                         try:
                             async with bound:
