@@ -127,11 +127,17 @@ def fanout_status_text(
 
 
 def broker_idle(url: str) -> bool:
-    """True when the broker holds no task: every queue empty, nothing handed out and unacknowledged."""
+    """True when the broker holds no task: every queue empty, nothing handed out and unacknowledged, on two looks
+    0.25 s apart (kombu pops a task from its queue, then records it unacknowledged: in between it is in neither)."""
     client = redis.Redis.from_url(url)
     try:
-        queued = sum(client.llen(key) for key in client.keys("feedrouter.*") if client.type(key) == b"list")
-        return queued == 0 and client.hlen("unacked") == 0
+        for look in range(2):
+            if look:
+                time.sleep(0.25)
+            queued = sum(client.llen(key) for key in client.keys("feedrouter.*") if client.type(key) == b"list")
+            if queued or client.hlen("unacked"):
+                return False
+        return True
     finally:
         client.close()
 

@@ -188,7 +188,9 @@ def test_erase_during_celery_jobs_with_two_workers(
         theirs = publish_fan_out(router, app, post(OTHER, 6), [*range(1, 6000), Int64(user)], batch_size=500)
         wait_for("3 batches done", lambda: router.fan_out_status(mine.job_id).batches_done >= 3)
         router.erase_user(user, requested_by="tests")
-        wait_for("the broker idle", lambda: broker_idle(broker_url), timeout=300)
+        # Their job last: once it has ended, every batch of both was taken from the queue before it.
+        wait_for("their job ended, the broker idle", lambda: router.fan_out_status(theirs.job_id).state != "running"
+                 and broker_idle(broker_url), timeout=300)
         assert naming(raw_clients, config, user) == []
         with pytest.raises(InvalidItem, match="no cluster has a fan-out job"):
             router.fan_out_status(mine.job_id)
