@@ -37,8 +37,7 @@ from .clients import Collections, Deployments, client_maker, secrets_of
 from .clusters import Clusters
 from .push import AsyncPublisher
 from .requests import (
-    IO_REQUESTS, READS, IORequest, calls_for, expired, failed, late, observed, request_op, server_deadline, server_known,
-    unknown,
+    IO_REQUESTS, READS, IORequest, calls_for, expired, failed, late, observed, request_op, server_deadline, unknown,
 )
 
 __all__ = ["AsyncCluster", "AsyncClusters"]
@@ -132,7 +131,7 @@ class AsyncCluster:
         """
         with self.clients.using(self.spec, request.collection) as client:
             result: Any = None
-            for (call, answer), left in calls_for(request, client, self._collections.on(client)[request.collection]):
+            for (call, answer), left, known in calls_for(request, client, self._collections.on(client)[request.collection]):
                 if left <= 0:
                     return late(request, self.name, client)
                 try:
@@ -140,7 +139,7 @@ class AsyncCluster:
                         until = server_deadline(client, left)
                         if until is None:
                             return late(request, self.name, client)
-                        if not server_known(request, client):  # pymongo may wait for a server: watched from outside
+                        if not known:  # pymongo may wait for a server: watched from outside
                             done, reply = await _within(call(until), left)
                             if not done:
                                 return expired(request, self.name, client, left)

@@ -128,7 +128,7 @@ class Cluster:
         """Carry out one core request within what is left of its deadline; answer with a value, never raise."""
         with self.clients.using(self.spec, request.collection) as client:
             result: Any = None
-            for (call, answer), left in calls_for(request, client, self._collections.on(client)[request.collection]):
+            for (call, answer), left, _known in calls_for(request, client, self._collections.on(client)[request.collection]):
                 if left <= 0:
                     return late(request, self.name, client)
                 try:

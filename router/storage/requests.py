@@ -142,9 +142,9 @@ def observed(request: IORequest, answer: Any, seconds: float) -> tuple[Event, Ev
 SELECTION_STEP = 0.5
 
 
-def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[tuple[Call, float]]:
+def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[tuple[Call, float, bool]]:
     """The calls that carry out *request* on *coll*, each with what it may take: the time left (:func:`time_left`)
-    when its turn comes.
+    when its turn comes, and whether the client knew a server it may use then.
 
     Once *client* has found the cluster's servers failing and knows none the request may use,
     a ``ping`` waits for one first: that wait alone is capped at ``serverSelectionTimeoutMS``
@@ -158,9 +158,9 @@ def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[tuple[Call
     if not known and _servers_failed(client):
         preference = client.read_preference if isinstance(request, READS) else ReadPreference.PRIMARY
         ping: Call = (lambda _until: client.admin.command("ping", read_preference=preference)), _SENT_AS_IS
-        yield ping, time_left(request, client, known=False)
+        yield ping, time_left(request, client, known=False), False
         known = server_known(request, client)
-    yield call_for(request, coll), time_left(request, client, known=known)
+    yield call_for(request, coll), time_left(request, client, known=known), known
 
 
 def time_left(request: IORequest, client: Any, *, known: bool | None = None) -> float:
