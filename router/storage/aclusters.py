@@ -59,21 +59,22 @@ def _abandoned(task: asyncio.Task[Any]) -> None:
 
 
 async def _within(call: Awaitable[T], seconds: float) -> tuple[bool, T | None]:
-    """``(True, what *call* gave)``, or ``(False, None)`` once *seconds* have passed: then *call* is cancelled and left
-    to end by itself.
+    """``(True, what *call* gave)``, or ``(False, None)`` once *seconds* have passed: then *call* is left to end by
+    itself, not cancelled.
 
     pymongo waits for a server in ``asyncio.wait_for``, which on Python 3.11 can swallow the
     cancellation ``asyncio.timeout`` sends (when the wait ends in the same turn of the loop:
     CPython gh-86296); the wait then went on to ``serverSelectionTimeoutMS``, past the call's
-    deadline. Watching the call from outside, in a task of its own, does not depend on it
-    honouring the cancellation. A task per call: used only while the client knows no server
-    the read may use.
+    deadline. And a cancellation there can leave the client's lock held, so that the next
+    request on that client waited for ever (seen once, a write after such a read). So the call
+    runs in a task of its own, watched from outside, and is never cancelled: it ends by
+    itself, within ``serverSelectionTimeoutMS``. A task per call: used only while the client
+    knows no server the read may use.
     """
     task = asyncio.ensure_future(call)
     done, _ = await asyncio.wait((task,), timeout=seconds)
     if done:
         return True, task.result()
-    task.cancel()
     _ABANDONED.add(task)
     task.add_done_callback(_abandoned)
     return False, None
@@ -285,6 +286,9 @@ class AsyncClusters:
         never given back (a cancelled wait of the pool's condition still waited for it too). The router's
         close must not hang with it.
         """
+        loop = asyncio.get_running_loop()
+        for task in [t for t in _ABANDONED if t.get_loop() is loop]:  # reads given up on (_within): the clients go
+            task.cancel()
         closing = [asyncio.ensure_future(c) for c in (*self._closing, *(c.close() for c in self.clients.drain()))]
         if self.push is not None:
             closing.append(asyncio.ensure_future(self.push.close()))
