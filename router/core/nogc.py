@@ -13,7 +13,9 @@ call is looked at as usual), and at the end everything tracked moves to the olde
 generation unscanned (``gc.freeze()`` then ``gc.unfreeze()``: two list splices). The batch's
 objects are acyclic and die by reference count; nothing else is left unscanned but what other
 threads allocated during the pause. An application that keeps objects frozen itself (a
-pre-fork server's ``gc.freeze()``) is left alone: unfreezing would undo it.
+pre-fork server's ``gc.freeze()``) is left alone: unfreezing would undo it. (A ``gc.freeze()``
+made in another thread at the very moment a pause ends can still be undone: freeze before
+starting writes, as pre-fork servers do.)
 """
 
 from __future__ import annotations
