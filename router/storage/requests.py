@@ -37,7 +37,7 @@ from .finds import read as read_sync
 from .finds import WHOLE, max_time_ms, read_async
 
 __all__ = ["IORequest", "IO_REQUESTS", "READS", "Call", "call_for", "describe", "expired", "failed", "insert_outcome", "late",
-           "observed", "calls_for", "request_op", "server_deadline", "server_known", "time_left"]
+           "observed", "calls_for", "request_op", "server_deadline", "time_left"]
 
 IORequest = Find | Count | Aggregate | Insert | Upserts | Delete | Update
 #: The request types a driver sends to a cluster (for ``isinstance``).
@@ -154,12 +154,12 @@ def calls_for(request: IORequest, client: Any, coll: Any) -> Iterator[tuple[Call
     request is sent as it is, not doubled by a ping. (Whether a server is known is looked up
     once per call sent: a look at the client's topology costs microseconds on every request.)
     """
-    known = server_known(request, client)
+    known = _server_known(request, client)
     if not known and _servers_failed(client):
         preference = client.read_preference if isinstance(request, READS) else ReadPreference.PRIMARY
         ping: Call = (lambda _until: client.admin.command("ping", read_preference=preference)), _SENT_AS_IS
         yield ping, time_left(request, client, known=False), False
-        known = server_known(request, client)
+        known = _server_known(request, client)
     yield call_for(request, coll), time_left(request, client, known=known), known
 
 
@@ -192,7 +192,7 @@ def time_left(request: IORequest, client: Any, *, known: bool | None = None) -> 
     if socket_timeout:
         left = min(left, socket_timeout)
     if known is None:
-        known = server_known(request, client)
+        known = _server_known(request, client)
     recheck = not known and _servers_failed(client)
     if recheck or _driver_retries(request, client):
         left -= SELECTION_STEP
@@ -224,7 +224,7 @@ def _driver_retries(request: IORequest, client: Any) -> bool:
     return one and bool(client.options.retry_writes)
 
 
-def server_known(request: IORequest, client: Any) -> bool:
+def _server_known(request: IORequest, client: Any) -> bool:
     """Whether *client* knows a server *request* may be sent to now (a readable one for reads, else a writable one)."""
     description = client.topology_description
     if isinstance(request, (Find, Count, Aggregate)):
@@ -241,7 +241,7 @@ def late(request: IORequest, cluster: str, client: Any) -> Any:
     """The answer for a request not sent: its deadline passed, or too little of it is left (:func:`time_left`)."""
     if request.deadline <= time.monotonic():
         why = "the call's deadline passed before it was sent"
-    elif not server_known(request, client):
+    elif not _server_known(request, client):
         return _as_answer(request, Failure("unavailable", ClusterUnavailable(
             cluster, f"{describe(request)}: no server is known to be up, and too little of the call's time is left to "
             "wait for one")))
@@ -255,7 +255,7 @@ def expired(request: IORequest, cluster: str, client: Any, seconds: float) -> An
     ``pymongo.timeout`` gives there. While the client knew no server it may use, the wait for one ran out
     (``unavailable``, as pymongo's ``ServerSelectionTimeoutError``); else the server did not answer in time
     (``timeout``, as its ``NetworkTimeout``)."""
-    if not server_known(request, client):
+    if not _server_known(request, client):
         return _as_answer(request, Failure("unavailable", ClusterUnavailable(
             cluster, f"{describe(request)}: no server it may use was found in {seconds:.1f} s")))
     return _as_answer(request, Failure("timeout", ClusterUnavailable(
