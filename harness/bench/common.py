@@ -54,6 +54,8 @@ class Sizes:
     erase: tuple[int, int, int] = (10_000, 1_000, 1_000)
     #: Items of the big group in a page of 20 groups.
     group: int = 100_000
+    #: Deletes timed one after another in each repetition of ``delete_ratio``.
+    delete_round: int = 8
 
 
 SIZES = {
@@ -62,7 +64,7 @@ SIZES = {
     # Small: checks that every measure runs and reports (tests/integration/test_bench.py); its figures judge nothing.
     "small": Sizes(writes=1_000, cpu=5_000, reps=1, reads=20, deletes=30, fanout=5_000, memory=(2_000, 10_000),
                    celery=(1_000, 1), layouts=(2_000, 2, 300, 1), feed_sizes=(20, 200), big_edits=(5_000, 2_000),
-                   erase=(200, 30, 50), group=2_000),
+                   erase=(200, 30, 50), group=2_000, delete_round=2),
 }
 
 

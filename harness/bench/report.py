@@ -127,7 +127,7 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
             ("async_reads", lambda: bench_async_reads(servers, s.reps)),
             ("doors", lambda: bench_doors(servers, s.reps)),
             ("pull_pages", lambda: bench_pull_pages(servers)),
-            ("delete_ratio", lambda: bench_delete(servers, s.reps, s.deletes)),
+            ("delete_ratio", lambda: bench_delete(servers, s.reps, s.deletes, s.delete_round)),
             ("fanout_ratio", lambda: bench_fanout(servers, s.fanout, 2 if size == "full" else s.reps)),
             ("fanout_memory", lambda: bench_fanout_memory(servers[0], s.memory)),
             ("celery_scaling", lambda: bench_celery_scaling(servers, *s.celery)),
