@@ -50,7 +50,7 @@ from .bench.common import NAMES, NOW, UTC, register
 from .bench.cpu import Snapshot, listening_pids, server_pids
 from .errors import HarnessError
 from .localservers import LocalClusters
-from .process import POLL_INTERVAL, log_tail, spawn_logged
+from .process import POLL_INTERVAL, checkout_env, log_tail, spawn_logged
 from .redis import LocalRedis
 
 __all__ = ["WorkerProcess", "main", "run_celery_bench", "worker_yaml"]
@@ -125,8 +125,7 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         """Start the worker (not waiting for it); returns self."""
-        root = Path(__file__).resolve().parents[1]  # the checkout: the worker imports harness too
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+        env = checkout_env()  # the worker imports harness too
         self.process = spawn_logged(self.command(), self.log_path, detached=True, env=env)
         return self
 

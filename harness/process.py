@@ -23,7 +23,9 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "POLL_INTERVAL",
     "STOP_GRACE",
+    "CHECKOUT",
     "build_once",
+    "checkout_env",
     "children_of",
     "file_lock",
     "free_ports",
@@ -48,6 +50,17 @@ POLL_INTERVAL = 0.05
 """Seconds between two looks at a condition that has no event to wait on (a pid, a port)."""
 
 _LOG_TAIL_LINES = 20
+
+
+#: The checkout this harness runs from: a child Python that imports ``router``, ``harness`` or ``tests`` needs it on its path.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, with the checkout first on ``PYTHONPATH``: a child Python then imports
+    this checkout's code, not an installed copy."""
+    path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, **extra, "PYTHONPATH": path}
 
 
 def free_ports(count: int) -> list[int]:

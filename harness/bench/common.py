@@ -110,6 +110,12 @@ def bench_config(uris: Sequence[str], database: str, *, listener: monitoring.Com
     )
 
 
+def with_client_options(config: RouterConfig, **options: Any) -> RouterConfig:
+    """*config* with *options* added to every cluster's driver options (over those it has)."""
+    clusters = tuple(attrs.evolve(c, options={**c.options, **options}) for c in config.clusters)
+    return attrs.evolve(config, clusters=clusters)
+
+
 def register(config: RouterConfig) -> None:
     """Migrate the clusters of *config* and give them [P0, P1), [P1, P2), [P2, open), in order."""
     migrations = discover()

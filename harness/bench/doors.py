@@ -29,7 +29,7 @@ from router.aio import AsyncFeedRouter
 from router.config import RouterConfig
 from router.storage.clients import client_options
 from router.sync import FeedRouter
-from .common import NOW, P2, Result, bench_config, make_items, register
+from .common import NOW, P2, Result, bench_config, make_items, register, with_client_options
 
 __all__ = ["bench_doors"]
 
@@ -121,9 +121,7 @@ def bench_doors(uris: Sequence[str], reps: int, readers: int = 200, limit: int =
     """*readers* reads at once of different receivers, router vs hand-written finds, on each door: three rows."""
     base = bench_config(uris, "bench_doors")
     register(base)
-    options = {"maxPoolSize": 16, "socketTimeoutMS": 60_000}
-    config = attrs.evolve(base, timeout=timedelta(seconds=60),
-                          clusters=tuple(attrs.evolve(c, options={**c.options, **options}) for c in base.clusters))
+    config = attrs.evolve(with_client_options(base, maxPoolSize=16, socketTimeoutMS=60_000), timeout=timedelta(seconds=60))
     receivers = [3_000_000 + i for i in range(readers)]
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:  # two pages a receiver, in the newest period
         items = make_items(readers * limit * 2, receivers=readers, start=P2, end=NOW, key_offset=90_000)

@@ -18,7 +18,7 @@ from router.ids import data_key
 from router.model import Activity
 from router.sync import FeedRouter
 from ..commands import CommandLog
-from .common import NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed
+from .common import NOW, P0, P1, P2, Result, bench_config, interleave, make_items, register, timed, with_client_options
 
 
 def bench_pages(uris: Sequence[str]) -> Result:
@@ -126,7 +126,7 @@ def bench_async_reads(uris: Sequence[str], reps: int, readers: int = 200) -> Res
     """
     base = bench_config(uris, "bench_async_reads")
     register(base)
-    config = attrs.evolve(base, clusters=tuple(attrs.evolve(c, options={**c.options, "maxPoolSize": 16}) for c in base.clusters))
+    config = with_client_options(base, maxPoolSize=16)
     receivers = [2_000_000 + i for i in range(readers)]
 
     async def async_rates(cfg: Any, count: int) -> list[float]:

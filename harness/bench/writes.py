@@ -20,7 +20,7 @@ from router.ids import data_key
 from router.model import ClusterMeta, FeedItem
 from router.sync import FeedRouter
 from .common import (NAMES, NOW, P0, P1, P2, PATIENT, Result, bench_config, cpu_timed, interleave, make_items, register,
-                     timed)
+                     timed, with_client_options)
 
 #: The posts registry's index (migration 0006's ``sender_time_id``), made again after each reset, as a period has it.
 POSTS_INDEX = (("sender_id", 1), ("event_time", 1), ("_id", 1))
@@ -82,8 +82,7 @@ def _write_vs_insert(uris: Sequence[str], database: str, n: int, reps: int, *, a
     (its posts only when not *again*). *options*: driver options of the router's clusters."""
     config = attrs.evolve(bench_config(uris, database), timeout=PATIENT)
     if options:
-        config = attrs.evolve(config, clusters=tuple(attrs.evolve(c, options={**c.options, **options})
-                                                     for c in config.clusters))
+        config = with_client_options(config, **options)
     register(config)
     raw_db = "bench_raw"
     clients: list[MongoClient[dict[str, Any]]] = [MongoClient(u, tz_aware=True) for u in uris]

@@ -20,14 +20,13 @@ import pytest
 from router.admin.migrate import discover
 from router import RouterConfig
 from harness.localservers import LocalClusters
+from harness.process import checkout_env
 
 from .conftest import register
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def feedrouter(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = checkout_env()
     return subprocess.run(
         [sys.executable, "-m", "router.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
     )
@@ -35,7 +34,7 @@ def feedrouter(*args: str, cwd: Path | None = None) -> subprocess.CompletedProce
 
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
     """The demo as scripts/demo runs it, from the checkout's harness."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = checkout_env()
     return subprocess.run([sys.executable, "-m", "harness.demo", *args], capture_output=True, text=True, env=env,
                           timeout=300)
 
@@ -280,7 +279,7 @@ def on_a_terminal(*args: str, cwd: Path | None = None) -> tuple[int, str]:
     """Run feedrouter with stdout and stderr on a pseudo-terminal of their own (as a person at a terminal runs it):
     its exit code and everything it wrote there."""
     master, slave = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    env = checkout_env(COLUMNS="200")
     child = subprocess.Popen([sys.executable, "-m", "router.cli", *args], stdin=subprocess.DEVNULL, stdout=slave,
                              stderr=slave, cwd=cwd, env=env)
     os.close(slave)

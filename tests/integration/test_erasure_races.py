@@ -28,7 +28,9 @@ from router import Activity, FeedItem, InvalidItem, RouterConfig, SenderErased, 
 from router.admin.status import check_report
 from router.fanout.celery import make_app, publish_fan_out
 from router.sync import FeedRouter
+from harness.bench.common import with_client_options
 from harness.bench_celery import WorkerProcess
+from harness.process import checkout_env
 
 from .conftest import NOW, P1
 from .erasure import PATIENT, USER, USERS, Clients, copies_sent, layout_config, naming
@@ -153,9 +155,7 @@ def test_two_erasures_of_one_user_at_once_count_each_document_once(open_router: 
     the user. Each request may take the call's whole time (socketTimeoutMS, 10 s by default): the two erasures'
     statements on the same buckets wait for each other, and one that times out on the client may still finish on the
     server, uncounted (load, not the race)."""
-    socket_timeout = int(PATIENT.total_seconds() * 1000)
-    patient = attrs.evolve(config, clusters=tuple(
-        attrs.evolve(c, options={**c.options, "socketTimeoutMS": socket_timeout}) for c in config.clusters))
+    patient = with_client_options(config, socketTimeoutMS=int(PATIENT.total_seconds() * 1000))
     router = open_router(patient, clock=lambda: NOW)
     for n in range(4):  # 4 posts to the same 500 followers: 2,000 copies, in buckets 4 in each follower's bucket
         router.publish(post(user, 40 + n), range(1000, 1500), batch_size=500)
@@ -223,7 +223,7 @@ def test_an_interrupted_erasure_completes_when_called_again(
     before = feed.count_documents(mine)
     spec = {"database": config.database, "user": USER, "step": step, "erasure_key": config.erasure_key,
             "clusters": [{"name": c.name, "uri": c.uri, "database": config.database_for(c)} for c in config.clusters]}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    env = checkout_env()
     child = subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)], stdout=subprocess.PIPE, text=True, cwd=REPO,
                              env=env, start_new_session=True)
     try:

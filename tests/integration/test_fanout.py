@@ -7,7 +7,6 @@ documents per second, so sizes are picked to keep each test within seconds.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from router import (
 from router.core.fanout.plan import FANOUTS_COLLECTION
 from router.ids import copy_id
 from harness.localservers import LocalClusters
+from harness.process import checkout_env
 
 from . import stored
 from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, register
@@ -45,7 +45,6 @@ from .fanout_child import ACTIVITY
 pytestmark = pytest.mark.contract
 
 UTC = timezone.utc
-ROOT = Path(__file__).resolve().parents[2]
 Clients = dict[str, MongoClient[dict[str, Any]]]
 #: In [P1, P2): cluster_2 owns every copy.
 WHEN = P1 + timedelta(days=10, hours=3, milliseconds=5)
@@ -139,7 +138,7 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
     """A real process fanning out to 30k is SIGKILLed part-way; the re-run ends with exactly one copy per receiver."""
     n, batch = 30_000, 1000
     spec = {"uris": servers.uris, "names": list(NAMES), "database": db_name, "receivers": n, "batch_size": batch, "concurrency": 2}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = checkout_env()
     child = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("fanout_child.py")), json.dumps(spec)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from router import (
 from router.core.notify.groups import group_key, key_hash
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
+from harness.process import checkout_env
 
 from .conftest import NAMES, NOW, P0, P1, P2, register
 from .layouts import buckets_config, page_all
@@ -360,7 +360,7 @@ def race_marks(config: RouterConfig, r: int, marks: Sequence[tuple[str, Position
         children.append(subprocess.Popen(
             [sys.executable, "-m", "tests.integration.groups_child", str(path), str(r), NOW.isoformat()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)}))
+            env=checkout_env()))
         assert children[-1].stdin is not None
         children[-1].stdin.write(json.dumps(payload))
         children[-1].stdin.close()

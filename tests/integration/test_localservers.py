@@ -16,6 +16,7 @@ import pytest
 
 from harness.localservers import FERRETDB2_VERSION, FERRETDB_VERSION, LocalClusters, ensure_ferretdb
 from harness.redis import LocalRedis
+from harness.process import checkout_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -248,7 +249,7 @@ def test_pg_backend_checks_passwords(tmp_path: Path) -> None:
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = checkout_env()
     return subprocess.run(
         [sys.executable, "-m", "harness.localservers", *args],
         capture_output=True, text=True, env=env, timeout=300, check=False,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from router.cli import main
 from router.observe.prometheus import PrometheusMetrics
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
+from harness.process import checkout_env
 
 from .conftest import NOW, P0, P1, P2, register
 
@@ -178,7 +178,7 @@ def test_marks_racing_from_two_processes_never_go_backwards(router: FeedRouter, 
         children.append(subprocess.Popen(
             [sys.executable, "-m", "tests.integration.seen_child", str(config_path), str(r), NOW.isoformat()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env=checkout_env(),
         ))
         assert children[-1].stdin is not None
         children[-1].stdin.write(json.dumps(marks))

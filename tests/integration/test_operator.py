@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -16,10 +15,10 @@ from pymongo import MongoClient
 from router.admin.migrate import discover
 from router import FeedItem, FeedRouter, data_key
 from harness.localservers import LocalClusters
+from harness.process import checkout_env
 
 from .conftest import NOW, P0, P1, P2
 
-REPO = Path(__file__).resolve().parents[2]
 Clients = dict[str, MongoClient[dict[str, Any]]]
 
 
@@ -40,7 +39,7 @@ class Operator:
         self.listed = count
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = checkout_env()
         return subprocess.run([sys.executable, "-m", "router.cli", "-c", str(self.path), *args],
                               capture_output=True, text=True, env=env, timeout=120)
 

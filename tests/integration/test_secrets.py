@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -17,10 +16,10 @@ from router.admin.migrate import discover
 from router.admin.periods import apply_period, plan_period
 from router.storage.clusters import Clusters
 from harness.localservers import LocalClusters
+from harness.process import checkout_env
 
 from .conftest import P0, P1
 
-REPO = Path(__file__).resolve().parents[2]
 INLINE = "inl1ne-Pa55"
 FROM_ENV = "env-S3cret"
 
@@ -102,7 +101,7 @@ def test_cli_output_has_no_password(tmp_path: Path, servers: LocalClusters, db_n
     """status and check, text and JSON, healthy and with a cluster down: no password."""
     path = tmp_path / "clusters.yaml"
     write_config(path, [servers.uris[0], "mongodb://127.0.0.1:9"], db_name, mechanism=servers.auth_mechanism)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FEED_PW": FROM_ENV}
+    env = checkout_env(FEED_PW=FROM_ENV)
     outputs = []
     for args in (["status"], ["--json", "status"], ["check"], ["--json", "check"], ["-vv", "check"],
                  ["add-cluster", "cluster_1", "--start", "2024-01-01"], ["-vv", "--json", "status"]):

@@ -4,16 +4,13 @@ garbage made before it nor touches an application's own frozen objects."""
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
 import sys
 import textwrap
 import weakref
-from pathlib import Path
 
+from harness.process import checkout_env
 from router.core.nogc import cyclic_gc_paused
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Node:
@@ -83,7 +80,7 @@ def test_an_applications_frozen_objects_stay_frozen() -> None:
         print("frozen kept")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+                          env=checkout_env())
     assert done.returncode == 0 and done.stdout.strip() == "frozen kept", done.stderr[-2000:]
 
 
