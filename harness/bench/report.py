@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -152,13 +153,15 @@ def run_bench(out: TextIO, *, size: str = "full", uris: Sequence[str] | None = N
         for name, step in steps:
             if only and name not in only:
                 continue
-            out.write(f"running {name} ...\n")
+            out.write(f"running {name} ...")
             out.flush()
+            began = time.monotonic()
             try:
                 result = step()
             except (RouterError, PyMongoError) as exc:  # one row's failure is reported, not the end of the run
                 log.exception("benchmark %s failed", name)
                 result = Result(name, f"{name} (failed)", "-", [], [], [], "runs", False, f"failed: {exc}")
+            out.write(f" {time.monotonic() - began:,.1f} s\n")  # what each step costs a run (and the test suite)
             results += result if isinstance(result, list) else [result]
             # Written after every row too, so a run stopped part-way keeps the rows it finished.
             _save(results_dir, {**env, "partial": f"{len(results)} rows, stopped after {name}"}, results)
