@@ -51,8 +51,9 @@ def bench_unseen(uris: Sequence[str], reps: int, rounds: int) -> Result:
 
 def bench_type_index(uris: Sequence[str], writes: int, reps: int, rounds: int) -> Result:
     """Write rate with the extra type index over without it; and a rare type's filtered page against a plain page."""
-    config = attrs.evolve(bench_config(uris, "bench_types"), timeout=PATIENT)  # a rate, not a deadline: 30,000 items
-    register(config)  # with the extra index took over the default 10 s on a loaded 2-core machine
+    # A rate, not a deadline: 30,000 items with the extra index took over the default 10 s on a loaded 2-core machine.
+    config = attrs.evolve(bench_config(uris, "bench_types"), timeout=PATIENT)
+    register(config)
     raw: MongoClient[dict[str, Any]] = MongoClient(uris[2], tz_aware=True)
     coll = raw["bench_types"].feed
     with FeedRouter(config, clock=lambda: NOW, refresh=False) as router:
