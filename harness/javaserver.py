@@ -168,11 +168,18 @@ def javaserver_command(home: Path, *, port: int, data_dir: Path) -> list[str]:
         _tool("java"),
         "-Xmx1g",
         "-XX:+UseSerialGC",  # one GC thread: the test machines are small and shared
+        # A thread per connection: the server runs each command on its connection's netty event loop, and by default
+        # there are two loops a core, so a monitor's hello could wait behind another connection's long write there.
+        f"-Dio.netty.eventLoopThreads={EVENT_LOOPS}",
         f"-Dfeedrouter.dir={data_dir}",
         "-cp", f"{home / 'classes'}{os.pathsep}{home / 'jars'}{os.sep}*",
         LAUNCHER,
         str(port),
     ]  # fmt: skip
+
+
+EVENT_LOOPS = 256
+"""The server's netty event loops (``io.netty.eventLoopThreads``): more than the connections the tests open to it."""
 
 
 FORGOTTEN_INDEXES = (("outbox", "data_key"),)
