@@ -377,7 +377,7 @@ def test_the_first_request_after_a_restart_gets_the_calls_time(
         server = spare.servers[0]
         # A client that has not reached its servers sends its first request capped at serverSelectionTimeoutMS (no
         # ping first: docs/guarantees.md); on a loaded machine connect + handshake + insert can pass 300 ms, so this
-        # setup write is repeated (same ids) until the client has found its servers.
+        # setup write is repeated until the client has found its servers (receiver 1's copies are not counted).
         for attempt in range(20):
             try:
                 in_thread(lambda: router.write_many(feed_items(1, 10)))
