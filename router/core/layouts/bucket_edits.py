@@ -289,7 +289,9 @@ def remove_picked(cluster: str, match: Mapping[str, Any], pick: Callable[[Mappin
             return done, None
         for (copies, charge), buckets in groups.items():
             ids = [oid for _, own in buckets for oid in own]
-            guarded = {"items._id": {"$in": ids}, "$or": [{"_id": b, "items._id": {"$all": own}} for b, own in buckets]}
+            # Matched by _id: matched by ``items._id: {$in: ids}``, 200 full buckets took FerretDB 2 57 s (now 0.09 s).
+            guarded = {"_id": {"$in": [b for b, _ in buckets]},
+                       "$or": [{"_id": b, "items._id": {"$all": own}} for b, own in buckets]}
             answer = yield Update(cluster, "feed", guarded, {"$pull": {"items": {"_id": {"$in": ids}}},
                                                             "$inc": {"count": -copies, "bytes": -charge}}, deadline)
             if isinstance(answer, Failure):
