@@ -34,7 +34,7 @@ from router import (
 )
 from router.core.fanout.plan import FANOUTS_COLLECTION
 from router.ids import copy_id
-from harness.localservers import LocalClusters
+from harness.localservers import LocalClusters, LocalServer
 from harness.process import checkout_env
 
 from . import stored
@@ -135,8 +135,9 @@ def test_no_owning_cluster_writes_nothing(router: FeedRouter, raw_clients: Clien
 
 @MANY_COPIES
 def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
-    """A real process fanning out to 30k is SIGKILLed part-way; the re-run ends with exactly one copy per receiver."""
-    n, batch = 30_000, 1000
+    """A real process fanning out to 12k is SIGKILLed part-way; the re-run ends with exactly one copy per receiver.
+    (12 batches of 1,000, the kill once 5 are recorded done: what the re-run skips and redoes is per batch.)"""
+    n, batch = 12_000, 1000
     spec = {"uris": servers.uris, "names": list(NAMES), "database": db_name, "receivers": n, "batch_size": batch, "concurrency": 2}
     env = checkout_env()
     child = subprocess.Popen(
@@ -178,9 +179,9 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
 @MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
-    """The same fan-out run twice at once (two threads, three batches in flight each, over 10 batches): every copy
-    stored once, acknowledged once."""
-    n = 10_000
+    """The same fan-out run twice at once (two threads, three batches in flight each, over 10 batches of 500): every
+    copy stored once, acknowledged once."""
+    n, batch = 5_000, 500
     act = activity(3)
     results: list[FanOutResult] = []
     failures: list[BaseException] = []
@@ -190,7 +191,7 @@ def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients
         try:
             start.wait()
             job = None if same_job else f"run-{k}"
-            results.append(router.fan_out(act, people(n), job_id=job, concurrency=3))
+            results.append(router.fan_out(act, people(n), job_id=job, batch_size=batch, concurrency=3))
         except BaseException as exc:  # reported below
             failures.append(exc)
 
@@ -214,7 +215,7 @@ def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients
 @pytest.mark.parametrize("kind", ["set", "predicate"])
 def test_inactive_receivers_get_nothing(router: FeedRouter, raw_clients: Clients, db_name: str, kind: str) -> None:
     """With an active set or predicate, inactive receivers get no copy and count as skipped."""
-    n = 10_000
+    n = 4_000
     active: Any = frozenset(range(0, n, 2)) if kind == "set" else (lambda r: r % 2 == 0)
     result = router.fan_out(activity(), people(n), active=active)
     assert (result.written, result.skipped, result.failed) == (n // 2, n // 2, 0)
@@ -256,11 +257,11 @@ def test_resume_with_another_batch_size_is_refused(router: FeedRouter) -> None:
 def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A background job shows its progress growing while it runs, then completes.
 
-    The receiver stream pauses at 3k and at 6k until the test has seen the progress, so the
-    two observations are of a running job, whatever the machine's speed.
+    The receiver stream pauses at 1,500 and at 3,000 (three batches of 500 before each) until the
+    test has seen the progress, so the two observations are of a running job, whatever the machine's speed.
     """
-    n = 9_000
-    gates = {3_000: threading.Event(), 6_000: threading.Event()}
+    n, batch = 4_500, 500
+    gates = {1_500: threading.Event(), 3_000: threading.Event()}
 
     def receivers() -> Iterator[int]:
         for i in range(n):
@@ -277,16 +278,16 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
         return handle.progress.written
 
     executor = router.fanouts
-    handle = router.fan_out(activity(), receivers(), background=True)
+    handle = router.fan_out(activity(), receivers(), batch_size=batch, background=True)
     assert handle.cluster == OWNER and executor.pending == (handle,)
-    first = progress_reaches(3_000)  # at the first gate: every batch before it finishes
+    first = progress_reaches(1_500)  # at the first gate: every batch before it finishes
+    gates[1_500].set()
+    second = progress_reaches(3_000)
     gates[3_000].set()
-    second = progress_reaches(6_000)
-    gates[6_000].set()
     result = handle.result(timeout=120)
-    assert (first, second) == (3_000, 6_000)
+    assert (first, second) == (1_500, 3_000)
     assert result.ok and result.written == n and handle.done()
-    assert handle.progress.written == n and handle.progress.batches == result.batches == n // 1000
+    assert handle.progress.written == n and handle.progress.batches == result.batches == n // batch
     assert executor.pending == ()
     assert stored.count(raw_clients[OWNER][db_name]) == n
     assert checkpoint(raw_clients, db_name, handle.job_id)["status"] == "done"  # type: ignore[index]
@@ -299,7 +300,7 @@ def test_cancel_and_close_stop_cleanly_and_stay_resumable(
     """close(drain=False) cancels running and queued jobs between batches; submitting again completes them."""
     router = make_router(fanout_workers=1)
     gate = threading.Event()
-    n = 10_000
+    n = 5_000
 
     def receivers() -> Iterator[int]:
         yield from range(3000)
@@ -339,69 +340,70 @@ def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRo
     """A generator that raises: the same exception reaches the caller; the checkpoint says failed; a re-run completes."""
 
     def broken() -> Iterator[int]:
-        yield from range(5000)
+        yield from range(2500)
         raise RuntimeError("follower service went away")
 
     with pytest.raises(RuntimeError, match="follower service went away"):
-        router.fan_out(activity(), broken())
+        router.fan_out(activity(), broken(), batch_size=500)
     doc = checkpoint(raw_clients, db_name, f"{activity().data_key}:{int(WHEN.timestamp() * 1000)}")
     assert doc is not None and doc["status"] == "failed" and "follower service went away" in doc["error"]
-    result = router.fan_out(activity(), people(8000))
-    assert result.ok and result.resumed == 5000 and result.written == 3000
+    result = router.fan_out(activity(), people(4000), batch_size=500)
+    assert result.ok and result.resumed == 2500 and result.written == 1500
 
 
 @pytest.mark.needs_durable_server  # the resume reads the checkpoint written before the restart
 def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
     make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any],
-    layout: str,
+    layout: str, spare: LocalServer,
 ) -> None:
-    """The owning cluster dies mid-run: the handle reports the failed receivers; after a restart the resume completes.
-    (12 batches, the kill at the fifth: what the checkpoint keeps and the resume redoes is per batch, not per size.)"""
-    n, kill_at, batch = 12_000, 4_000, 1000
-    with LocalClusters(1, names=["spare"]) as spare:
-        config = make_config(uris=[servers.uris[0], spare.uris[0], servers.uris[2]], serverSelectionTimeoutMS=500)
-        register(config, layout=layout)
+    """The owning cluster (on the file's spare server) dies mid-run: the handle reports the failed receivers; after a
+    restart the resume completes. (12 batches of 500, the kill at the fifth: what the checkpoint keeps and the resume
+    redoes is per batch, not per size.)"""
+    n, kill_at, batch = 6_000, 2_000, 500
+    config = make_config(uris=[servers.uris[0], spare.uri, servers.uris[2]], batch_size=batch,
+                         serverSelectionTimeoutMS=500)
+    register(config, layout=layout)
 
-        def receivers() -> Iterator[int]:
-            for i in range(n):
-                if i == kill_at:
-                    spare.servers[0].kill()
-                yield i
+    def receivers() -> Iterator[int]:
+        for i in range(n):
+            if i == kill_at:
+                spare.kill()
+            yield i
 
-        with open_router(config, clock=lambda: NOW, fanout_workers=1) as router:
-            handle = router.fan_out(activity(), receivers(), concurrency=2, background=True)
-            with pytest.raises(FanOutFailed, match="stopped early") as info:
-                handle.result(timeout=120)
-            failed = info.value.result
-            assert not failed.complete and not failed.ok
-            assert failed.failed > 0 and len(failed.failed_receivers) == failed.failed
-            # Whole batches fail: the ones in flight at the kill (any earlier batch may still be
-            # in flight, they finish out of order) and the one being read.
-            assert failed.failed % batch == 0 and all(0 <= r < n for r in failed.failed_receivers)
-            assert failed.written + failed.failed == failed.receivers
-            assert failed.written >= kill_at - batch  # with 2 in flight, at most one earlier batch was pending
-            assert failed.receivers < n  # it stopped reading instead of hammering a dead cluster
-            assert any(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in handle.errors)
-            assert handle.errors == failed.errors
-            down = router.fan_out(activity(), range(n), background=True)  # while it is down, a job cannot even start
-            # a run's first request registers its post by sender (posts registry, issue 32), before the fence is read
-            with pytest.raises(ClusterUnavailable, match="writing posts by sender failed"):
-                down.result(timeout=60)
+    with open_router(config, clock=lambda: NOW, fanout_workers=1) as router:
+        handle = router.fan_out(activity(), receivers(), concurrency=2, background=True)
+        with pytest.raises(FanOutFailed, match="stopped early") as info:
+            handle.result(timeout=120)
+        failed = info.value.result
+        assert not failed.complete and not failed.ok
+        assert failed.failed > 0 and len(failed.failed_receivers) == failed.failed
+        # Whole batches fail: the ones in flight at the kill (any earlier batch may still be
+        # in flight, they finish out of order) and the one being read.
+        assert failed.failed % batch == 0 and all(0 <= r < n for r in failed.failed_receivers)
+        assert failed.written + failed.failed == failed.receivers
+        assert failed.written >= kill_at - batch  # with 2 in flight, at most one earlier batch was pending
+        assert failed.receivers < n  # it stopped reading instead of hammering a dead cluster
+        assert any(isinstance(e, ClusterUnavailable) and e.cluster == "cluster_2" for e in handle.errors)
+        assert handle.errors == failed.errors
+        down = router.fan_out(activity(), range(n), background=True)  # while it is down, a job cannot even start
+        # a run's first request registers its post by sender (posts registry, issue 32), before the fence is read
+        with pytest.raises(ClusterUnavailable, match="writing posts by sender failed"):
+            down.result(timeout=60)
 
-            spare.servers[0].restart()
-            resumed = router.fan_out(activity(), range(n), concurrency=2, background=True).result(timeout=120)
-            # The checkpoint holds what was saved before the kill: the save recording the last
-            # batches may itself have been lost to it, so those are redone (as already_present).
-            assert resumed.ok and 0 < resumed.batches_resumed <= failed.written // batch
-            assert_accounted(resumed, n)
-        client: MongoClient[dict[str, Any]] = MongoClient(spare.uris[0])
-        try:
-            kept = [d.receiver_id for d in stored.copies(client[db_name])]
-            assert len(kept) == n and set(kept) == set(range(n))
-            assert set(failed.failed_receivers) <= set(kept)
-            assert client[db_name][FANOUTS_COLLECTION].find_one({"_id": resumed.job_id})["status"] == "done"  # type: ignore[index]
-        finally:
-            client.close()
+        spare.restart()
+        resumed = router.fan_out(activity(), range(n), concurrency=2, background=True).result(timeout=120)
+        # The checkpoint holds what was saved before the kill: the save recording the last
+        # batches may itself have been lost to it, so those are redone (as already_present).
+        assert resumed.ok and 0 < resumed.batches_resumed <= failed.written // batch
+        assert_accounted(resumed, n)
+    client: MongoClient[dict[str, Any]] = MongoClient(spare.uri)
+    try:
+        kept = [d.receiver_id for d in stored.copies(client[db_name])]
+        assert len(kept) == n and set(kept) == set(range(n))
+        assert set(failed.failed_receivers) <= set(kept)
+        assert client[db_name][FANOUTS_COLLECTION].find_one({"_id": resumed.job_id})["status"] == "done"  # type: ignore[index]
+    finally:
+        client.close()
 
 
 @MANY_COPIES
@@ -409,16 +411,17 @@ def test_delete_removes_every_copy_of_a_fan_out(
     router: FeedRouter, raw_clients: Clients, db_name: str, door: str, layout: str, servers: LocalClusters,
 ) -> None:
     """delete(data_key) of a 100k-receiver fan-out succeeds with the default timeouts (on the sync door, in copies;
-    elsewhere 20k: the async door runs the same program, and in buckets 100k took 85 s against 24 s in copies; on
-    mongo-java-server too, which is not a server for big edits: it ignores ``maxTimeMS``, so under load it went on
-    deleting 100k after the router gave up on the one delete, uncounted, and its next test's requests timed out).
+    elsewhere 12k, still more than one edit step of 10,000: the async door runs the same program, and in buckets 100k
+    took 85 s against 24 s in copies; on mongo-java-server too, which is not a server for big edits: it ignores
+    ``maxTimeMS``, so under load it went on deleting 100k after the router gave up on the one delete, uncounted, and
+    its next test's requests timed out).
 
     The router first sends one delete of every copy; when the server does not finish it within
     its share of the timeout (as on a loaded machine), it goes on in bounded steps. Which path
     a run takes depends on the machine, so this test asserts what both promise: every copy
     gone, counted once, nothing else removed; tests/unit/test_edit_steps.py drives each path.
     """
-    n = 100_000 if (door, layout) == ("sync", "copies") and servers.backend != "javaserver" else 20_000
+    n = 100_000 if (door, layout) == ("sync", "copies") and servers.backend != "javaserver" else 12_000
     act = activity(9)
     other = router.fan_out(activity(10), people(100))
     result = router.fan_out(act, people(n))
