@@ -274,7 +274,7 @@ def test_worker_killed_mid_job_its_batch_is_delivered_again(
 ) -> None:
     """SIGKILL a worker holding a batch: the broker hands that batch to the other worker; one copy each."""
     config, router = publisher
-    n = 50_000
+    n = 30_000
     victim, survivor = workers(config, broker_url)
     published = publish_fan_out(router, make_app(broker_url), activity(), range(n))
     wait_for("5 batches done", lambda: router.fan_out_status(published.job_id).batches_done >= 5)
@@ -301,7 +301,7 @@ def test_worker_killed_mid_job_its_batch_is_delivered_again(
         assert f"batch {number} (delivered again):" in lines, f"batch {number} was not delivered again"
     assert_one_copy_each(raw_clients, db_name, range(n))
     status = router.fan_out_status(published.job_id)
-    assert status.written + status.already_present == n and status.batches_done == 50
+    assert status.written + status.already_present == n and status.batches_done == n // 1000
 
 
 def test_broker_restart_mid_job(
@@ -312,21 +312,21 @@ def test_broker_restart_mid_job(
     once the broker is idle the job is done, or (a batch caught in delivery by the crash) shows the batch missing
     and publishing again completes it. One copy each either way."""
     config, router = publisher
-    n = 50_000
+    n = 20_000
     workers(config, broker_url)
     app = make_app(broker_url)
     published = publish_fan_out(router, app, activity(), range(n))
     wait_for("5 batches done", lambda: router.fan_out_status(published.job_id).batches_done >= 5)
     broker.kill()
     status = router.fan_out_status(published.job_id)
-    assert status.batches_done < 50, "the job finished before the broker went down"
+    assert status.batches_done < n // 1000, "the job finished before the broker went down"
     broker.restart()
     wait_for("the broker idle", lambda: broker_idle(broker_url))
     status = router.fan_out_status(published.job_id)
     if status.state != "done":
         # kombu's Redis transport takes a message (BRPOP) and records it unacknowledged in a second command:
         # a message between the two when Redis died is gone. The checkpoint shows which batches that cost.
-        assert (status.recorded, status.batches_missing, status.failed_batches) == ("published", 50 - status.batches_done, ())
+        assert (status.recorded, status.batches_missing, status.failed_batches) == ("published", n // 1000 - status.batches_done, ())
         again = publish_fan_out(router, app, activity(), range(n))
         assert again.tasks_sent == status.batches_missing
     wait_for("the job done", lambda: router.fan_out_status(published.job_id).state == "done")

@@ -14,7 +14,7 @@ from pymongo import MongoClient
 
 from router.admin.migrate import discover
 from router import FeedItem, FeedRouter, data_key
-from harness.localservers import LocalClusters
+from harness.localservers import LocalClusters, LocalServer
 from harness.process import checkout_env
 
 from .conftest import NOW, P0, P1, P2
@@ -116,26 +116,26 @@ def test_operator_grows_the_system(tmp_path: Path, servers: LocalClusters, raw_c
     ],
 )
 def test_refused_changes_leave_metadata_untouched(
-    tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str, args: list[str], reason: str
+    tmp_path: Path, servers: LocalClusters, raw_clients: Clients, db_name: str, spare: LocalServer, args: list[str],
+    reason: str,
 ) -> None:
     """Every unsafe add-cluster is refused with its reason, and no cluster's metadata changes."""
-    with LocalClusters(1, names=["cluster_4"]) as spare:
-        op = Operator(tmp_path, db_name, [*servers.uris, spare.uris[0]])
-        for count, (name, start) in enumerate((("cluster_1", P0), ("cluster_2", P1), ("cluster_3", P2)), start=1):
-            op.list_clusters(count)
-            assert op.run("add-cluster", name, "--start", start.isoformat(), "--close-previous", "--force").returncode == 0
-        raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=45)})
-        stray = MongoClient(spare.uris[0], tz_aware=True)
-        stray[db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=100)})
-        op.list_clusters(4)
-        before = metadata(raw_clients, db_name)
-        r = op.run("add-cluster", "cluster_4", *args)
-        assert r.returncode == 1, r.stdout
-        assert reason in r.stderr, r.stderr
-        assert "Traceback" not in r.stderr
-        assert metadata(raw_clients, db_name) == before
-        assert list(stray[db_name].metadata.find({})) == []
-        stray.close()
+    op = Operator(tmp_path, db_name, [*servers.uris, spare.uri])  # cluster_4 on the file's spare server
+    for count, (name, start) in enumerate((("cluster_1", P0), ("cluster_2", P1), ("cluster_3", P2)), start=1):
+        op.list_clusters(count)
+        assert op.run("add-cluster", name, "--start", start.isoformat(), "--close-previous", "--force").returncode == 0
+    raw_clients["cluster_3"][db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=45)})
+    stray = MongoClient(spare.uri, tz_aware=True)
+    stray[db_name].feed.insert_one({"receiver_id": 1, "event_time": P2 + timedelta(days=100)})
+    op.list_clusters(4)
+    before = metadata(raw_clients, db_name)
+    r = op.run("add-cluster", "cluster_4", *args)
+    assert r.returncode == 1, r.stdout
+    assert reason in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert metadata(raw_clients, db_name) == before
+    assert list(stray[db_name].metadata.find({})) == []
+    stray.close()
 
 
 def test_status_names_an_unreachable_cluster(tmp_path: Path, servers: LocalClusters, db_name: str) -> None:
