@@ -118,7 +118,8 @@ def _cpu_row(door: str, routed: list[Figure], handed: list[Figure], readers: int
 
 
 def bench_doors(uris: Sequence[str], reps: int, readers: int = 200, limit: int = 20) -> list[Result]:
-    """*readers* reads at once of different receivers, router vs hand-written finds, on each door: three rows."""
+    """*readers* reads at once of different receivers (200 in the full run), router vs hand-written finds, on each
+    door: three rows."""
     base = bench_config(uris, "bench_doors")
     register(base)
     config = attrs.evolve(with_client_options(base, maxPoolSize=16, socketTimeoutMS=60_000), timeout=timedelta(seconds=60))

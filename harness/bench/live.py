@@ -48,8 +48,8 @@ FIRST = 10_000_000
 
 @attrs.frozen
 class LiveSizes:
-    """Receivers of the fan-out rows and their repetitions; subscriber counts of the latency rows, writes timed per
-    count; subscribers opened for the memory row."""
+    """Receivers of the fan-out rows and their repetitions (after a warm-up of each, unless one repetition);
+    subscriber counts of the latency rows, writes timed per count; subscribers opened for the memory row."""
 
     fanout: int
     reps: int
@@ -58,11 +58,14 @@ class LiveSizes:
     idle: int
     #: Items of the write_many row.
     items: int = 30_000
+    #: Repetitions of the write_many row (its :func:`~harness.bench.common.interleave`).
+    write_reps: int = 5
 
 
 LIVE_SIZES = {
-    "full": LiveSizes(fanout=200_000, reps=3, subscribers=(1_000, 10_000), writes=200, idle=10_000, items=30_000),
-    "small": LiveSizes(fanout=2_000, reps=1, subscribers=(20, 100), writes=20, idle=100, items=1_000),
+    "full": LiveSizes(fanout=200_000, reps=3, subscribers=(1_000, 10_000), writes=200, idle=10_000, items=30_000,
+                      write_reps=5),
+    "small": LiveSizes(fanout=2_000, reps=1, subscribers=(20, 100), writes=20, idle=100, items=1_000, write_reps=1),
 }
 
 
@@ -141,7 +144,7 @@ def _write_row(uris: Sequence[str], url: str, sizes: LiveSizes) -> Result:
                 client[router.config.database].feed.delete_many({})
             return len(items) / timed(lambda: router.write_many(items))
 
-        with_push, without = interleave(sizes.reps + 2, lambda: run(pushed), lambda: run(plain))
+        with_push, without = interleave(sizes.write_reps, lambda: run(pushed), lambda: run(plain))
     for client in clients:
         for config in (plain_config, pushed_config):
             client.drop_database(config.database)
@@ -149,7 +152,7 @@ def _write_row(uris: Sequence[str], url: str, sizes: LiveSizes) -> Result:
     ratios = [a / b for a, b in zip(with_push, without)]
     return Result("live_write_idle", f"write_many throughput, push: and nobody connected vs no push: "
                   f"({len(items):,} items over 3 clusters)", "items/s", with_push, without, ratios, "-", True,
-                  f"{sizes.reps + 2} repetitions alternating which goes first; a push per write_many: one round trip "
+                  f"{sizes.write_reps} repetitions alternating which goes first; a push per write_many: one round trip "
                   "(TIME, ZMSCORE) that finds nobody, nothing encoded")
 
 
@@ -181,8 +184,9 @@ def _fanout_rows(uris: Sequence[str], url: str, sizes: LiveSizes) -> list[Result
                                 data_key=data_key("live-bench", k))
                 return n / timed(lambda: router.fan_out(post, range(FIRST, FIRST + n)))
 
-            for router in (plain, alone, heard):  # warm up
-                run(router)
+            if sizes.reps > 1:  # warm up (one repetition, the small run's, checks that the rows run: none)
+                for router in (plain, alone, heard):
+                    run(router)
             warm_pushes = pushed.messages
             today: list[float] = []
             quiet: list[float] = []

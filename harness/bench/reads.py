@@ -118,7 +118,8 @@ def bench_pull_pages(uris: Sequence[str], senders: int = 100, limit: int = 50) -
 
 
 def bench_async_reads(uris: Sequence[str], reps: int, readers: int = 200) -> Result:
-    """200 concurrent reads of different receivers: AsyncFeedRouter on one event loop vs FeedRouter on 16 threads.
+    """*readers* concurrent reads of different receivers (200 in the full run): AsyncFeedRouter on one event loop vs
+    FeedRouter on 16 threads.
 
     Both get ``maxPoolSize: 16``, the connections 16 threads use; the async door with the
     default pool (100) is measured too, for the note: 200 reads at once then open 100

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.bench import run_bench
 from harness.localservers import LocalClusters
 
 
-def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path) -> None:
+def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
     """A small run prints the table and the summary, and writes the raw figures."""
     out = io.StringIO()
     results = run_bench(out, size="small", uris=servers.uris, results_dir=tmp_path)
     text = out.getvalue()
+    for step, seconds in re.findall(r"^running (\S+) \.\.\. ([\d,.]+) s$", text, re.MULTILINE):
+        record_property(f"seconds_{step}", float(seconds.replace(",", "")))  # what each step cost (the JUnit XML shows it)
     names = {r.name for r in results}
     assert {"cpu_ratio", "write_ratio", "write_again_ratio", "commands_per_page", "read_ratio", "async_reads", "pull_pages", "delete_ratio",
             "fanout_ratio", "fanout_memory", "scale_startup_sync", "scale_threads_async", "scale_rss_sync",

@@ -52,19 +52,21 @@ class Clock:
 
 
 class Env:
-    """Dedicated local servers: cluster_1 [P0, P1), cluster_2 [P1, open), the rest standby (migrated, empty); every
-    period, and every one a rollover adds, in *layout*; all in *database* (``feed`` unless given)."""
+    """The first *count* of the file's local servers: cluster_1 [P0, P1), cluster_2 [P1, open), the rest standby
+    (migrated, empty); every period, and every one a rollover adds, in *layout*; all in *database* (``feed`` unless
+    given)."""
 
-    def __init__(self, local: LocalClusters, *, standby_migrated: bool = True, refresh: timedelta = timedelta(seconds=60),
-                 layout: str = DEFAULT, database: str = "feed") -> None:
+    def __init__(self, local: LocalClusters, *, count: int = 3, standby_migrated: bool = True,
+                 refresh: timedelta = timedelta(seconds=60), layout: str = DEFAULT, database: str = "feed") -> None:
         self.local = local
         self.database = database
-        names = [s.name for s in local.servers]
+        servers = local.servers[:count]
+        names = [s.name for s in servers]
         self.config = RouterConfig(
             database=database,
             clusters=tuple(
                 ClusterConfig(name=s.name, uri=s.uri, options={"serverSelectionTimeoutMS": 700, "connectTimeoutMS": 700})
-                for s in local.servers
+                for s in servers
             ),
             refresh_interval=refresh,
             read_window=ReadWindow(),
@@ -82,7 +84,7 @@ class Env:
                 c.write_meta(ClusterMeta(name="cluster_2", start_date=P1, creator_name="t", layout=layout))
                 create_feed_indexes(c, LAYOUTS[layout])
             c.close()
-        self.raw = {s.name: MongoClient(s.uri, tz_aware=True) for s in local.servers}
+        self.raw = {s.name: MongoClient(s.uri, tz_aware=True) for s in servers}
 
     def meta(self) -> dict[str, list[dict[str, Any]]]:
         return {n: list(c[self.database].metadata.find({}, {"_id": 1, "start_date": 1, "end_date": 1}))
@@ -99,23 +101,38 @@ class Env:
 
 @pytest.fixture(scope="module")
 def rollover_servers() -> Iterator[LocalClusters]:
-    """Three servers of this file's own, which its tests pause, kill and restart; each test has a database of its own
-    on them (:func:`env3`). (A set per test cost three server starts each, 20 times a run.)"""
-    with LocalClusters(3) as local:
+    """Four servers of this file's own, which its tests pause, kill and restart; each test has a database of its own
+    on them (:func:`own_env`), on the first three (:func:`env3`) or on all four. (A set per test cost three or four
+    server starts each, 20 times a run.)"""
+    with LocalClusters(4) as local:
         yield local
 
 
 @pytest.fixture
-def env3(layout: str, rollover_servers: LocalClusters) -> Iterator[Env]:
+def own_env(rollover_servers: LocalClusters) -> Iterator[Callable[..., Env]]:
+    """Make an :class:`Env` (its arguments but the database) on the file's servers, every one running, in a database
+    of its own; dropped afterwards."""
+    made: list[Env] = []
+
+    def make(**kwargs: Any) -> Env:
+        made.append(Env(rollover_servers, database=new_name(), **kwargs))
+        return made[-1]
+
     for server in rollover_servers.servers:
         running(server)
-    env = Env(rollover_servers, refresh=timedelta(milliseconds=100), layout=layout, database=new_name())
-    yield env
+    yield make
     for server in rollover_servers.servers:
         running(server)
-    for client in env.raw.values():
-        drop_database(client, env.database, rollover_servers.backend)
-    env.close()
+    for env in made:
+        for client in env.raw.values():
+            drop_database(client, env.database, rollover_servers.backend)
+        env.close()
+
+
+@pytest.fixture
+def env3(layout: str, own_env: Callable[..., Env]) -> Env:
+    """Three periods' servers of the file's, every period in the test's layout, refreshed every 100 ms."""
+    return own_env(refresh=timedelta(milliseconds=100), layout=layout)
 
 
 def item(t: datetime, n: int, sender: int) -> FeedItem:
@@ -184,65 +201,61 @@ def test_scheduler_rolls_over_while_two_routers_write(env3: Env, open_router: Ca
         stale.close()
 
 
-def test_two_schedulers_racing_make_one_period() -> None:
+def test_two_schedulers_racing_make_one_period(own_env: Callable[..., Env]) -> None:
     """Two schedulers ticking at once over two standbys: exactly one new period appears."""
-    with LocalClusters(4) as local:
-        env = Env(local)
-        clock = Clock(T0)
-        a = RolloverScheduler(env.config, clock=clock, owner="a")
-        b = RolloverScheduler(env.config, clock=clock, owner="b")
-        barrier = threading.Barrier(2)
-        results: dict[str, list[str]] = {}
+    env = own_env(count=4)
+    clock = Clock(T0)
+    a = RolloverScheduler(env.config, clock=clock, owner="a")
+    b = RolloverScheduler(env.config, clock=clock, owner="b")
+    barrier = threading.Barrier(2)
+    results: dict[str, list[str]] = {}
 
-        def run(s: RolloverScheduler) -> None:
-            barrier.wait()
-            results[s.owner] = s.tick()
+    def run(s: RolloverScheduler) -> None:
+        barrier.wait()
+        results[s.owner] = s.tick()
 
-        threads = [threading.Thread(target=run, args=(s,)) for s in (a, b)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for again in (a, b):  # re-running changes nothing
-            again.tick()
-        meta = env.meta()
-        assert meta["cluster_4"] == [] and len(meta["cluster_3"]) == 1
-        assert meta["cluster_3"][0]["start_date"] == B and meta["cluster_2"][0]["end_date"] == B
-        assert sum(1 for lines in results.values() if any("write metadata" in x for x in lines)) == 1
-        with Clusters(env.config) as clusters:
-            assert clusters.load_timemap().all_clusters() == ["cluster_1", "cluster_2", "cluster_3"]
-        a.close()
-        b.close()
-        env.close()
+    threads = [threading.Thread(target=run, args=(s,)) for s in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for again in (a, b):  # re-running changes nothing
+        again.tick()
+    meta = env.meta()
+    assert meta["cluster_4"] == [] and len(meta["cluster_3"]) == 1
+    assert meta["cluster_3"][0]["start_date"] == B and meta["cluster_2"][0]["end_date"] == B
+    assert sum(1 for lines in results.values() if any("write metadata" in x for x in lines)) == 1
+    with Clusters(env.config) as clusters:
+        assert clusters.load_timemap().all_clusters() == ["cluster_1", "cluster_2", "cluster_3"]
+    a.close()
+    b.close()
 
 
-def test_no_ready_standby_fails_early_and_clearly(caplog: pytest.LogCaptureFixture) -> None:
+def test_no_ready_standby_fails_early_and_clearly(own_env: Callable[..., Env], caplog: pytest.LogCaptureFixture) -> None:
     """An unmigrated standby is reported at the first tick, weeks before the boundary, and the manual rollover refuses;
     the scheduler's gauges show it, and show the standby ready once it is migrated."""
     registry = CollectorRegistry()
-    with LocalClusters(3) as local:
-        env = Env(local, standby_migrated=False)
-        early = Clock(P1 + timedelta(days=1))  # 2024-04-02: far from the window
-        scheduler = RolloverScheduler(env.config, clock=early, metrics=PrometheusMetrics(registry=registry))
-        with caplog.at_level(logging.ERROR, logger="router.admin.rollover"):
-            assert scheduler.tick() == []
-        assert registry.get_sample_value("feedrouter_standby_ready") == 0
-        assert registry.get_sample_value("feedrouter_next_boundary_timestamp_seconds") == B.timestamp()
-        assert isinstance(scheduler.last_error, RolloverError)
-        assert "no standby cluster is ready for the rollover at 2024-05-01T00:00:00+00:00" in str(scheduler.last_error)
-        assert f"standby cluster 'cluster_3' is not migrated ({', '.join(m.id for m in discover())} pending)" in caplog.text
-        with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="not migrated"):
-            do_rollover(clusters, env.config, now=T0, owner="me")
-        assert env.meta()["cluster_3"] == [] and env.meta()["cluster_2"][0].get("end_date") is None
-        # a standby holding data is not ready either
-        migrate_cluster(Cluster(env.config.clusters[2], env.config), env.config, discover())
-        assert scheduler.tick() == [] and scheduler.last_error is None
-        assert registry.get_sample_value("feedrouter_standby_ready") == 1
-        env.raw["cluster_3"][env.database].feed.insert_one({"receiver_id": 1, "event_time": B})
-        with Clusters(env.config) as clusters, pytest.raises(RolloverError, match=r"already holds 1 documents \(1 feed\)"):
-            plan_rollover(clusters, env.config, now=T0)
-        scheduler.close()
-        env.close()
+    env = own_env(standby_migrated=False)
+    early = Clock(P1 + timedelta(days=1))  # 2024-04-02: far from the window
+    scheduler = RolloverScheduler(env.config, clock=early, metrics=PrometheusMetrics(registry=registry))
+    with caplog.at_level(logging.ERROR, logger="router.admin.rollover"):
+        assert scheduler.tick() == []
+    assert registry.get_sample_value("feedrouter_standby_ready") == 0
+    assert registry.get_sample_value("feedrouter_next_boundary_timestamp_seconds") == B.timestamp()
+    assert isinstance(scheduler.last_error, RolloverError)
+    assert "no standby cluster is ready for the rollover at 2024-05-01T00:00:00+00:00" in str(scheduler.last_error)
+    assert f"standby cluster 'cluster_3' is not migrated ({', '.join(m.id for m in discover())} pending)" in caplog.text
+    with Clusters(env.config) as clusters, pytest.raises(RolloverError, match="not migrated"):
+        do_rollover(clusters, env.config, now=T0, owner="me")
+    assert env.meta()["cluster_3"] == [] and env.meta()["cluster_2"][0].get("end_date") is None
+    # a standby holding data is not ready either
+    migrate_cluster(Cluster(env.config.clusters[2], env.config), env.config, discover())
+    assert scheduler.tick() == [] and scheduler.last_error is None
+    assert registry.get_sample_value("feedrouter_standby_ready") == 1
+    env.raw["cluster_3"][env.database].feed.insert_one({"receiver_id": 1, "event_time": B})
+    with Clusters(env.config) as clusters, pytest.raises(RolloverError, match=r"already holds 1 documents \(1 feed\)"):
+        plan_rollover(clusters, env.config, now=T0)
+    scheduler.close()
 
 
 def test_manual_rollover_too_late_or_dry_run(env3: Env) -> None:
