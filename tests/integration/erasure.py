@@ -17,7 +17,7 @@ from router.admin.periods import apply_period, plan_period
 from router.storage import finds
 from router.storage.clusters import Clusters
 
-from .conftest import NAMES, NOW, PERIODS
+from .conftest import NAMES, NOW, PERIODS, register
 
 Clients = dict[str, MongoClient[dict[str, Any]]]
 #: The user the tests erase (an int id) and another whose data must stay.
@@ -54,9 +54,13 @@ def layout(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def config(make_config: Callable[..., RouterConfig], layout: str) -> RouterConfig:
-    """The test's three periods, of its layout."""
-    return layout_config(make_config, layout)
+def config(registered_database: None, make_config: Callable[..., RouterConfig], layout: str) -> RouterConfig:
+    """The test's three periods, of its layout, registered first thing (:func:`register`: the migrations, metadata
+    and indexes the operator path makes, in a database that may be an emptied one from the pool: conftest's
+    ``db_name``). A test that needs the operator path itself, or other servers, takes :func:`layout_config`."""
+    config = make_config(timeout=PATIENT)
+    register(config, layout=layout)
+    return config
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -188,6 +189,8 @@ def test_marks_racing_from_two_processes_never_go_backwards(router: FeedRouter, 
         seen = router.seen_position(r)
         if seen is not None:
             readings.append((seen.event_time, seen.id.binary))
+        else:  # no mark yet (the children still starting): read again a little later
+            time.sleep(0.01)
     for c in children:
         assert c.wait(timeout=120) == 0, c.stderr.read() if c.stderr else ""
         assert c.stdout is not None and json.loads(c.stdout.read())["marked"] == 40
