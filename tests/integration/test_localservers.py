@@ -189,6 +189,10 @@ def test_ferretdb2_runs_each_cluster_on_its_own_postgres(tmp_path: Path, monkeyp
             assert one.admin.command("buildInfo")["ferretdb"]["version"] == FERRETDB2_VERSION
             one.shared_name.items.insert_one({"_id": 1, "text": "only in cluster_1"})
             assert two.shared_name.items.find_one({"_id": 1}) is None
+        # test speed: every collection's table and indexes unlogged (no write-ahead log), kept through FerretDB's kill
+        persistence = pg1.run_sql("SELECT DISTINCT c.relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                                  "c.relnamespace WHERE n.nspname = 'documentdb_data' AND c.relkind IN ('r', 'i')")
+        assert persistence.split() == ["u"]
         first.kill()
         assert not first.alive and second.alive and pg1.alive
         first.restart()
