@@ -4,8 +4,9 @@
 (SIGTERM) when they end: every 2 s it reads each process's CPU time from ``/proc`` and adds what it
 used since the last look to its kind (:func:`kind`: PostgreSQL, FerretDB, the JVMs, the test
 processes, ...); at the end it writes the totals to *OUT* (TSV: kind, CPU-seconds) and prints
-them. A process that starts and ends between two looks is missed (a short ``feedrouter``
-subprocess), so the totals are a lower bound. Linux only (``/proc``); elsewhere it says so and
+them (after its first look it says ``cpusample: sampling`` on stderr). A process that starts and
+ends between two looks is missed (a short ``feedrouter`` subprocess), and so is what a process uses
+after the last look before it ends, so the totals are a lower bound. Linux only (``/proc``); elsewhere it says so and
 writes nothing.
 
 Example::
@@ -119,6 +120,8 @@ def main(argv: list[str]) -> int:
                 used_before, what = (used if first else 0), described
             totals[what] = totals.get(what, 0) + used - used_before
             alive[pid] = (start, used, what)
+        if first:  # (to stderr: the summary stays the last line of stdout)
+            print("cpusample: sampling", file=sys.stderr, flush=True)
         seen, first = alive, False
         deadline = time.monotonic() + INTERVAL
         while not stopping and time.monotonic() < deadline:
