@@ -121,6 +121,16 @@ def log_tail(paths: Iterable[Path]) -> str:
     return "\n".join(parts) or "(the log is empty)"
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first, then the parent's pid, ...), or None
+    when it cannot be read (the process is gone, or there is no procfs)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` is a running process (a zombie no one reaped yet has exited)."""
     try:
@@ -129,11 +139,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] != "Z"
+    fields = proc_stat(pid)
+    return fields is None or fields[0] != "Z"
 
 
 def pid_is_server(pid: int, marker: str) -> bool:
@@ -195,12 +202,8 @@ def children_of(pid: int) -> list[int]:
     """The live processes whose parent is *pid* (from /proc; none without procfs)."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+        fields = proc_stat(entry.name)
+        if fields is not None and len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
             found.append(int(entry.name))
     return found
 
