@@ -65,7 +65,7 @@ class Env:
         self.config = RouterConfig(
             database=database,
             clusters=tuple(
-                ClusterConfig(name=s.name, uri=s.uri, options={"serverSelectionTimeoutMS": 700, "connectTimeoutMS": 700})
+                ClusterConfig(name=s.name, uri=s.uri, options={"serverSelectionTimeoutMS": 2000, "connectTimeoutMS": 2000})
                 for s in servers
             ),
             refresh_interval=refresh,
