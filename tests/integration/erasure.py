@@ -26,6 +26,11 @@ USER = 1000765
 BIG_USER = 2**40 + 765
 #: The users the erasure tests run with: one id that fits in 32 bits, and one that does not.
 USERS = pytest.mark.parametrize("user", [USER, BIG_USER], ids=["small-id", "64-bit-id"])
+#: The heavy races' users and doors: both users through the sync door, the small id through the async door too. The
+#: async door runs the same erasure program and its driver decodes ids with the same bson; the lighter erasure tests
+#: (test_erasure, test_erasure_ids, test_erasure_faults) run the 64-bit id through both doors.
+DOORS_AND_USERS = pytest.mark.parametrize(("door", "user"), [("sync", USER), ("async", USER), ("sync", BIG_USER)],
+                                          ids=["sync-small-id", "async-small-id", "sync-64-bit-id"], indirect=["door"])
 #: Calls get a minute: an erasure racing a fan-out on FerretDB under load contends for the same documents.
 PATIENT = timedelta(seconds=60)
 
