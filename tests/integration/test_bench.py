@@ -48,3 +48,6 @@ def test_small_benchmark_runs(servers: LocalClusters, tmp_path: Path, record_pro
     assert [r.name for r in layouts] == ["layout_page_documents", "layout_page_latency", "layout_fanout", "layout_bytes_per_item"]
     assert all(r.router and r.raw and len(r.ratios) == len(r.router) for r in layouts)
     assert layouts[0].raw == [50.0, 50.0]  # a page of 50 in copies: 50 documents, newest page and deep page
+    celery = next(r for r in results if r.name == "celery_scaling")  # in-process, one worker and two workers in one run
+    assert celery.router and celery.raw and all(v > 0 for v in [*celery.router, *celery.raw, *celery.ratios]), celery
+    assert "1,000 receivers" in celery.note and not re.search(r"in-process 0 copies/s", celery.note), celery.note

@@ -411,16 +411,6 @@ def test_active_batches_are_taken_before_inactive_ones(
     assert len(copies) == 2 * n and set(copies.values()) == {1}
 
 
-def test_celery_benchmark_runs_small(servers: LocalClusters, broker_url: str, tmp_path: Path) -> None:
-    """The benchmark measures in-process, one worker and two workers in one run (its figures are judged elsewhere)."""
-    from harness.bench_celery import run_celery_bench
-
-    figures = run_celery_bench(receivers=1000, uris=servers.uris, broker=broker_url, work_dir=tmp_path)
-    for label in ("in_process", "celery_1_worker", "celery_2_workers"):
-        assert figures[label]["copies_per_second"] > 0 and figures[label]["seconds"] > 0
-    assert figures["receivers"] == 1000 and figures["speedup_2_vs_1_workers"] > 0
-
-
 def test_publisher_memory_measure_runs_small(servers: LocalClusters, capsys: pytest.CaptureFixture[str]) -> None:
     """scripts/fanout_memory --celery publishes every receiver in fresh processes and reports its peak memory."""
     from harness.fanout_memory import main as fanout_memory
