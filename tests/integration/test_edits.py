@@ -65,27 +65,34 @@ def test_update_takes_data_as_large_as_a_write_does(
 
 # -- edits that always make progress -----------------------------------------------------------------------------
 
-def edit_until_done(call: Callable[[], int], remaining: Callable[[], int], *, calls: int) -> list[tuple[str, float, int]]:
+def edit_until_done(call: Callable[[], int], remaining: Callable[[], int], *,
+                    calls: int) -> list[tuple[str, float, int, int]]:
     """Call *call* until it returns, at most *calls* times; after each failed call fewer documents must be left to edit
-    than before it (the calls converge). Returns each call's outcome, time and what was left after it."""
-    log: list[tuple[str, float, int]] = []
+    than before it (the calls converge). Returns each call's outcome, time, count (what it returned, or what the
+    ``UpdateFailed`` / ``DeleteFailed`` it raised counted) and what was left after it."""
+    log: list[tuple[str, float, int, int]] = []
     before = remaining()
     for _ in range(calls):
         began = time.monotonic()
         try:
-            call()
+            count = call()
         except (UpdateFailed, DeleteFailed) as failed:
             after = remaining()
             count = failed.updated if isinstance(failed, UpdateFailed) else failed.deleted
             why = "; ".join(str(error) for error in failed.failed.values())
-            log.append((f"failed, {count} counted ({why})", time.monotonic() - began, after))
+            log.append((f"failed ({why})", time.monotonic() - began, count, after))
             assert after < before, f"a call made no progress: {log}"
             before = after
             continue
-        log.append(("done", time.monotonic() - began, remaining()))
-        assert log[-1][2] == 0, log
+        log.append(("done", time.monotonic() - began, count, remaining()))
+        assert log[-1][3] == 0, log
         return log
     raise AssertionError(f"{calls} calls did not finish: {log}")
+
+
+def counts(log: list[tuple[str, float, int, int]]) -> list[int]:
+    """What each call of an :func:`edit_until_done` log counted."""
+    return [count for _, _, count, _ in log]
 
 
 #: Copies the edits with a short timeout change: three steps of 10,000 (what a step does, not the count, meets the
@@ -106,30 +113,13 @@ def test_edits_with_a_short_timeout_split_their_steps_and_progress_on_every_call
     assert open_router(config, clock=lambda: NOW).fan_out(act, range(SPLIT_COPIES)).written == SPLIT_COPIES
     hasty = open_router(attrs.evolve(config, timeout=timedelta(seconds=1)), clock=lambda: NOW)
     feed = raw_clients["cluster_2"][db_name].feed
-    counted: list[int] = []
-
-    def update() -> int:
-        try:
-            counted.append(hasty.update(key, {"v": 1}))
-        except UpdateFailed as failed:
-            counted.append(failed.updated)
-            raise
-        return counted[-1]
-
-    edit_until_done(update, lambda: feed.count_documents({"data_key": key, "data": {"$ne": {"v": 1}}}), calls=40)
-    assert all(n > 0 for n in counted) and sum(counted) == SPLIT_COPIES  # each call changed copies, each copy once
-    counted.clear()
-
-    def delete() -> int:
-        try:
-            counted.append(hasty.delete(key))
-        except DeleteFailed as failed:
-            counted.append(failed.deleted)
-            raise
-        return counted[-1]
-
-    edit_until_done(delete, lambda: feed.count_documents({"data_key": key}), calls=40)
-    assert all(n > 0 for n in counted) and sum(counted) == SPLIT_COPIES
+    stale = {"data_key": key, "data": {"$ne": {"v": 1}}}
+    updated = counts(edit_until_done(lambda: hasty.update(key, {"v": 1}), lambda: feed.count_documents(stale),
+                                     calls=40))
+    assert all(n > 0 for n in updated) and sum(updated) == SPLIT_COPIES  # each call changed copies, each copy once
+    deleted = counts(edit_until_done(lambda: hasty.delete(key), lambda: feed.count_documents({"data_key": key}),
+                                     calls=40))
+    assert all(n > 0 for n in deleted) and sum(deleted) == SPLIT_COPIES
 
 
 #: Copies of the big edits at the default timeout: ten steps of 10,000, each call going on from where the last one
@@ -151,21 +141,12 @@ def test_big_edits_are_updated_and_deleted_with_the_default_timeout(
     other = attrs.evolve(act, sender_id=6, data_key=data_key("huge", 2))
     assert sync_router.fan_out(other, range(100)).written == 100
     assert sync_router.fan_out(act, range(BIG_COPIES)).written == BIG_COPIES
-    deleted: list[int] = []
-
-    def delete() -> int:
-        try:
-            deleted.append(sync_router.delete(key))
-        except DeleteFailed as failed:
-            deleted.append(failed.deleted)
-            raise
-        return deleted[-1]
-
     with caplog.at_level(logging.INFO, logger="router.core.layouts.queries"):
         updates = edit_until_done(lambda: sync_router.update(key, {"v": 1}),
                                   lambda: feed.count_documents({"data_key": key, "data": {"$ne": {"v": 1}}}), calls=30)
-        deletes = edit_until_done(delete, lambda: feed.count_documents({"data_key": key}), calls=30)
-    assert sum(deleted) == BIG_COPIES, deleted
+        deletes = edit_until_done(lambda: sync_router.delete(key), lambda: feed.count_documents({"data_key": key}),
+                                  calls=30)
+    assert sum(counts(deletes)) == BIG_COPIES, deletes
     assert feed.count_documents({"data_key": other.data_key, "data": {"v": 0}}) == 100
     assert sync_router.delete(key) == 0  # repeatable
     print(f"\nupdate calls: {updates}\ndelete calls: {deletes}")
