@@ -98,18 +98,41 @@ MANY_COPIES = pytest.mark.unheld("javaserver", "buckets", reason="mongo-java-ser
 SECOND_SERVER = "javaserver"
 
 
+#: A heavy race or fault test of a contract file (tens of seconds a case) whose door and layout do not meet: the
+#: layout is the core's requests, the door the code that sends them, so it runs through each door once and in each
+#: layout once (:func:`door_layout_pairs`), not in all four pairs; the lighter contract tests run every pair
+#: (docs/development.md says which guarantee is proven where).
+DOOR_PER_LAYOUT = pytest.mark.door_per_layout(
+    reason="a heavy case: the door sends the requests the layout builds in the core, so each door once and each layout"
+           " once prove it; the lighter contract tests run every door in every layout")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test of a ``contract`` file that uses ``layout`` (through ``router``, ``make_router`` or ``register``) runs
-    once per layout the servers hold, or per layout its ``layouts`` marker names; on the second server, through one
-    door (:func:`_doors`)."""
-    _doors(metafunc)
-    if metafunc.definition.get_closest_marker("contract") is None:
+    """A test that uses ``door`` runs through the doors :func:`_door_names` gives. A test of a ``contract`` file that
+    uses ``layout`` (through ``router``, ``make_router`` or ``register``) runs once per layout the servers hold, or per
+    layout its ``layouts`` marker names; in every door, or, marked ``door_per_layout``, each door once and each layout
+    once (:func:`door_layout_pairs`)."""
+    doors = _door_names(metafunc)
+    layouts = _layout_names(metafunc)
+    if doors and layouts and metafunc.definition.get_closest_marker("door_per_layout") is not None:
+        metafunc.parametrize("door,layout", door_layout_pairs(doors, layouts), indirect=True)
         return
-    for marker in ("scenario", "both_doors"):
+    if doors:
+        metafunc.parametrize("door", doors, indirect=True)
+    if layouts:
+        metafunc.parametrize("layout", layouts, indirect=True)
+
+
+def _layout_names(metafunc: pytest.Metafunc) -> tuple[str, ...]:
+    """The layouts a contract test that uses ``layout`` runs in (none for any other test: it gets the default, or what
+    its file's ``layout`` fixture gives)."""
+    if metafunc.definition.get_closest_marker("contract") is None:
+        return ()
+    for marker in ("scenario", "both_doors", "door_per_layout"):
         for mark in metafunc.definition.iter_markers(marker):
             assert mark.kwargs.get("reason"), f"{metafunc.definition.nodeid}: @pytest.mark.{marker} needs a reason"
     if "layout" not in metafunc.fixturenames:
-        return
+        return ()
     names = held_layouts()
     only = metafunc.definition.get_closest_marker("layouts")
     if only is not None:
@@ -119,23 +142,30 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         assert unheld.kwargs.get("reason"), f"{metafunc.definition.nodeid}: @pytest.mark.unheld needs a reason"
         server, layout = unheld.args
         names = tuple(n for n in names if not (n == layout and backend() == server))
-    metafunc.parametrize("layout", names, indirect=True)
+    return names
 
 
-def _doors(metafunc: pytest.Metafunc) -> None:
-    """A test that uses ``door`` runs through both doors, sync then async; a contract test on the second server through
+def _door_names(metafunc: pytest.Metafunc) -> tuple[str, ...]:
+    """The doors a test that uses ``door`` runs through: both, sync then async; a contract test on the second server
     the sync door alone, unless marked ``both_doors``: the async door sends the commands the same core builds, through
-    pymongo's async client (its reads carry ``maxTimeMS``), and the ``both_doors`` tests prove those there. A test that
-    names its doors itself (``@pytest.mark.parametrize("door", ...)``) keeps them."""
+    pymongo's async client (its reads carry ``maxTimeMS``), and the ``both_doors`` tests prove those there. None for a
+    test without ``door``, or one that names its doors itself (``@pytest.mark.parametrize("door", ...)``): it keeps
+    them."""
     if "door" not in metafunc.fixturenames:
-        return
+        return ()
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0]
         if "door" in (n.strip() for n in names):
-            return
+            return ()
     one = (backend() == SECOND_SERVER and metafunc.definition.get_closest_marker("contract") is not None
            and metafunc.definition.get_closest_marker("both_doors") is None)
-    metafunc.parametrize("door", ["sync"] if one else ["sync", "async"], indirect=True)
+    return ("sync",) if one else ("sync", "async")
+
+
+def door_layout_pairs(doors: Sequence[str], layouts: Sequence[str]) -> list[tuple[str, str]]:
+    """Each door once and each layout once, the default layout through the sync door: ``[(sync, copies), (async,
+    buckets)]``; with one door (the second server) every layout through it, with one layout every door in it."""
+    return [(doors[i % len(doors)], layouts[i % len(layouts)]) for i in range(max(len(doors), len(layouts)))]
 
 
 @pytest.fixture

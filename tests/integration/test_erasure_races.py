@@ -32,7 +32,7 @@ from harness.bench.common import with_client_options
 from harness.bench_celery import WorkerProcess
 from harness.process import checkout_env
 
-from .conftest import NOW, P1
+from .conftest import NOW, P1, door_layout_pairs
 from .erasure import DOORS_AND_USERS, PATIENT, USER, USERS, Clients, copies_sent, layout_config, naming
 from .test_celery import broker, broker_idle, broker_url, wait_for, workers  # noqa: F401 - fixtures
 
@@ -46,6 +46,12 @@ REPO = Path(__file__).resolve().parents[2]
 def post(sender: int, n: int) -> Activity:
     return Activity(sender_id=sender, event_time=WHEN + timedelta(seconds=n), type=1, data={"n": n, "text": "hello"},
                     data_key=data_key("race", f"{sender}/{n}"))
+
+
+#: The heaviest races here run through each door once and in each layout once, as ``DOOR_PER_LAYOUT`` runs them in the
+#: contract files (conftest.py); the others, in every layout.
+DOOR_PER_LAYOUT = pytest.mark.parametrize(
+    ("door", "layout"), door_layout_pairs(("sync", "async"), ("copies", "buckets")), indirect=True)
 
 
 @pytest.fixture(params=["copies", "buckets"])
@@ -71,6 +77,7 @@ def written_at_least(handle: Any, count: int) -> None:
         handle.wait(0.01)
 
 
+@DOOR_PER_LAYOUT
 def test_erase_during_a_background_publish_of_their_post(router: Any, raw_clients: Clients, config: RouterConfig) -> None:
     """Publish to 60k followers in the background, erase the author once 1,000 copies exist: batches in flight
     remove what they wrote, the run stops (SenderErased, reason erased) and removes its checkpoint; nothing names
@@ -207,6 +214,7 @@ def test_erase_during_celery_jobs_with_two_workers(
             publish_fan_out(router, app, post(user, 5), range(15_000), batch_size=500)
 
 
+@DOOR_PER_LAYOUT
 def test_an_interrupted_erasure_completes_when_called_again(
     router: Any, raw_clients: Clients, config: RouterConfig, layout: str,
 ) -> None:

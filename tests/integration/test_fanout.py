@@ -38,7 +38,7 @@ from harness.localservers import LocalClusters, LocalServer
 from harness.process import checkout_env
 
 from . import stored
-from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, register
+from .conftest import DOOR_PER_LAYOUT, MANY_COPIES, NAMES, NOW, P0, P1, register
 from .fanout_child import ACTIVITY
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -85,6 +85,7 @@ def assert_accounted(result: FanOutResult, total: int) -> None:
 
 
 @MANY_COPIES
+@DOOR_PER_LAYOUT
 def test_20k_receivers_give_20k_copies_in_the_owning_cluster(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """A generator of 20k receivers: exactly that many documents, all in the cluster owning event_time, in 20 batches
     of 1,000. (It was 200k: the batches are the same; the fan-outs of 100k are the delete and memory tests'.)"""
@@ -134,6 +135,7 @@ def test_no_owning_cluster_writes_nothing(router: FeedRouter, raw_clients: Clien
 
 
 @MANY_COPIES
+@DOOR_PER_LAYOUT
 def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, servers: LocalClusters, raw_clients: Clients, db_name: str) -> None:
     """A real process fanning out to 12k is SIGKILLed part-way; the re-run ends with exactly one copy per receiver.
     (12 batches of 1,000, the kill once 5 are recorded done: what the re-run skips and redoes is per batch.)"""
@@ -178,6 +180,7 @@ def test_sigkill_halfway_then_rerun_leaves_one_copy_each(router: FeedRouter, ser
 
 @MANY_COPIES
 @pytest.mark.parametrize("same_job", [True, False], ids=["same-job-id", "separate-job-ids"])
+@DOOR_PER_LAYOUT
 def test_two_concurrent_runs_leave_one_copy_each(router: FeedRouter, raw_clients: Clients, db_name: str, same_job: bool) -> None:
     """The same fan-out run twice at once (two threads, three batches in flight each, over 10 batches of 500): every
     copy stored once, acknowledged once."""
@@ -294,6 +297,7 @@ def test_background_fan_out_reports_progress_and_completion(router: FeedRouter, 
 
 
 @pytest.mark.scenario(reason="cancelling between batches is the client's; resuming is the sigkill test's")
+@DOOR_PER_LAYOUT
 def test_cancel_and_close_stop_cleanly_and_stay_resumable(
     make_router: Callable[..., FeedRouter], raw_clients: Clients, db_name: str
 ) -> None:
@@ -352,6 +356,7 @@ def test_receiver_stream_error_propagates_after_batches_in_flight(router: FeedRo
 
 
 @pytest.mark.needs_durable_server  # the resume reads the checkpoint written before the restart
+@DOOR_PER_LAYOUT
 def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
     make_config: Callable[..., RouterConfig], servers: LocalClusters, db_name: str, open_router: Callable[..., Any],
     layout: str, spare: LocalServer,
@@ -407,6 +412,7 @@ def test_cluster_killed_mid_run_fails_on_the_handle_then_resume_completes(
 
 
 @MANY_COPIES
+@DOOR_PER_LAYOUT
 def test_delete_removes_every_copy_of_a_fan_out(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """delete(data_key) of a 12k-receiver fan-out, more than one edit step of 10,000, succeeds with the default
     timeouts (test_edits' big edits delete 100k; in buckets 100k took 85 s against 24 s in copies, and

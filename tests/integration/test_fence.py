@@ -27,7 +27,7 @@ from router.model import to_millis as millis
 from harness.bench_celery import WorkerProcess
 
 from . import stored
-from .conftest import MANY_COPIES, NAMES, NOW, P1, register
+from .conftest import DOOR_PER_LAYOUT, MANY_COPIES, NAMES, NOW, P1, register
 from .test_celery import broker, broker_idle, broker_url, wait_for, workers  # noqa: F401 - fixtures
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -85,6 +85,7 @@ def delete_until_done(router: FeedRouter, key: str, tries: int = 3) -> None:
                 raise
 
 
+@DOOR_PER_LAYOUT
 def test_delete_during_a_background_publish_leaves_no_copy(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """The issue: publish to 60k followers in the background, delete once ~3,000 copies exist. Batches in flight
     remove what they wrote, the job stops early as cancelled for 'deleted', and no copy or outbox entry is left."""
@@ -147,6 +148,7 @@ def test_delete_then_resume_or_publish_again_is_refused(router: FeedRouter, raw_
 
 
 @MANY_COPIES
+@DOOR_PER_LAYOUT
 def test_update_during_a_background_fan_out_reaches_every_copy(router: FeedRouter, raw_clients: Clients, db_name: str) -> None:
     """update() returns while a fan-out has receivers left: once it ends, every copy and the outbox entry carry the
     new data (the batch that meets the update re-applies it; the next ones write it)."""
@@ -171,14 +173,15 @@ def test_update_during_a_background_fan_out_reaches_every_copy(router: FeedRoute
 
 @pytest.mark.slow
 @MANY_COPIES
+@DOOR_PER_LAYOUT
 def test_update_during_a_big_fan_out_with_the_default_timeout(
     make_router: Callable[..., FeedRouter], raw_clients: Clients, db_name: str, door: str, layout: str,
 ) -> None:
     """update() with the default timeout (10 s) while a 40,000-follower publish runs in the background (through the
-    sync door, in copies; the async door, which runs the same program, and buckets, whose edit steps are the same
-    calls, race 10,000: 40,000 in buckets took 105 s of the suite): it returns (called again after an UpdateFailed,
-    as the README says, a few times at most), and once the fan-out ends every copy and the outbox entry carry the
-    new data."""
+    sync door, in copies; the other case, the async door, which runs the same program, in buckets, whose edit steps
+    are the same calls, races 10,000: 40,000 in buckets took 105 s of the suite): it returns (called again after an
+    UpdateFailed, as the README says, a few times at most), and once the fan-out ends every copy and the outbox
+    entry carry the new data."""
     router = make_router()
     act = post(26)
     n = 40_000 if (door, layout) == ("sync", "copies") else 10_000

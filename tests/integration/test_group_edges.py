@@ -22,7 +22,7 @@ from router.core.notify.groups import group_key
 from harness.commands import CommandLog
 from harness.localservers import LocalClusters
 
-from .conftest import MANY_COPIES, NAMES, NOW, P2, register
+from .conftest import DOOR_PER_LAYOUT, MANY_COPIES, NAMES, NOW, P2, register
 
 #: A storage contract file: every test here runs once per layout the servers hold, and on both doors.
 pytestmark = pytest.mark.contract
@@ -195,18 +195,19 @@ def test_newest_actors_when_the_newest_items_repeat_an_actor(router: FeedRouter)
 
 
 @MANY_COPIES
+@DOOR_PER_LAYOUT
 def test_a_group_of_many_actors_across_two_periods_is_one_row_per_period(
         make_config: Callable[..., RouterConfig], open_router: Callable[..., Any], layout: str, door: str,
         servers: LocalClusters) -> None:
-    """Two groups of a 7-day window across a period boundary: 10,500 actors (5,250 on each side; through the async
-    door, which runs the same program, and in buckets, whose writes of one receiver's 10,500 items took 64 s of the
-    suite, 2,600: more than 1,000 on each side still) and 60 (40 on each side, ten minutes apart, newer on the newer
-    side than any of the big group's; 20 of them on both). A page asks each period to rank and count the window's
-    groups, then to count the groups taken with their actors' ids (at most 1,000 a row), then for the newest items of
-    the big group (the walk's first 12 items, all of the small one, do not show them), and never continues a cursor:
-    the client receives a row per group and period for each, the first 12 items, the page's newest items and a few
-    markers, not the actors (before: every (group, actor) pair, 11,000 rows). Counts are exact; the big group's actors
-    are counted among 1,000 of its items on each side (actors_capped), the small one's as one set."""
+    """Two groups of a 7-day window across a period boundary: 10,500 actors (5,250 on each side; in the other case,
+    through the async door, which runs the same program, in buckets, whose writes of one receiver's 10,500 items took
+    64 s of the suite, 2,600: more than 1,000 on each side still) and 60 (40 on each side, ten minutes apart, newer
+    on the newer side than any of the big group's; 20 of them on both). A page asks each period to rank and count the
+    window's groups, then to count the groups taken with their actors' ids (at most 1,000 a row), then for the newest
+    items of the big group (the walk's first 12 items, all of the small one, do not show them), and never continues
+    a cursor: the client receives a row per group and period for each, the first 12 items, the page's newest items
+    and a few markers, not the actors (before: every (group, actor) pair, 11,000 rows). Counts are exact; the big
+    group's actors are counted among 1,000 of its items on each side (actors_capped), the small one's as one set."""
     config = make_config(timeout=timedelta(seconds=60))
     register(config, layout=layout)
     log = CommandLog()

@@ -27,7 +27,7 @@ from router.storage.clusters import Cluster, Clusters
 from harness.localservers import LocalClusters
 
 from . import stored
-from .conftest import drop_database, running
+from .conftest import DOOR_PER_LAYOUT, drop_database, running
 from .pool import new_name
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -148,6 +148,7 @@ def wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+@DOOR_PER_LAYOUT
 def test_scheduler_rolls_over_while_two_routers_write(env3: Env, open_router: Callable[..., Any]) -> None:
     """The scheduler opens cluster_3 at B; the fresh router routes across B, the stale one refuses rather than guess."""
     clock = Clock(T0)

@@ -25,7 +25,7 @@ from harness.localservers import LocalClusters
 from router.core.layouts import Copy
 
 from . import stored
-from .conftest import MANY_COPIES, NAMES, NOW, P0, P1, P2, PERIODS, register
+from .conftest import DOOR_PER_LAYOUT, MANY_COPIES, NAMES, NOW, P0, P1, P2, PERIODS, register
 from .doors import AsyncDoor
 
 #: A storage contract file: every test here runs once per layout the servers hold (see conftest.py).
@@ -158,6 +158,7 @@ def feed_order(posts: list[Activity], receiver: int | str) -> list[str]:
     return [p.data_key for p in ordered]
 
 
+@DOOR_PER_LAYOUT
 def test_paging_with_pull_while_writing_loses_nothing(router: FeedRouter) -> None:
     """Posts pulled and pushed between pages, in the millisecond of the last item served (keys above and below it)
     or at random times, never hide or repeat a post that existed when paging began."""
