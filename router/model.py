@@ -10,7 +10,7 @@ Times are timezone-aware UTC everywhere. BSON keeps milliseconds, so an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeGuard
 
@@ -76,6 +76,33 @@ class FeedItem:
     data: Mapping[str, Any]
     data_key: str
     id: ObjectId | None = None
+
+
+def _setter(name: str) -> Callable[[FeedItem, Any], None]:
+    """The slot descriptor's own setter of FeedItem's field *name* (what the frozen class's ``__setattr__`` refuses)."""
+    setter: Callable[[FeedItem, Any], None] = getattr(FeedItem, name).__set__
+    return setter
+
+
+_new_object = object.__new__
+_set_receiver_id, _set_sender_id, _set_event_time = _setter("receiver_id"), _setter("sender_id"), _setter("event_time")
+_set_type, _set_data, _set_data_key, _set_id = _setter("type"), _setter("data"), _setter("data_key"), _setter("id")
+
+
+def stored_item(receiver_id: int | str, sender_id: int | str, event_time: datetime, type: int | str,
+                data: Mapping[str, Any], data_key: str, id: ObjectId) -> FeedItem:
+    """A FeedItem of values read back from a store, which were checked when written: the same item as
+    ``FeedItem(...)`` gives, built through its slots in half the time of the attrs ``__init__`` (a page builds one
+    per item; measured 25 against 50 us for 20)."""
+    item: FeedItem = _new_object(FeedItem)
+    _set_receiver_id(item, receiver_id)
+    _set_sender_id(item, sender_id)
+    _set_event_time(item, event_time)
+    _set_type(item, type)
+    _set_data(item, data)
+    _set_data_key(item, data_key)
+    _set_id(item, id)
+    return item
 
 
 @attrs.frozen(kw_only=True, slots=True)

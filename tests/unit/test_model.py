@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from router import ClusterMeta, FeedItem, InvalidItem
 from router.core.writes.checks import check_item
+from router.model import stored_item
 from router.core.layouts import LAYOUTS, Copy, CopyList
 
 UTC = timezone.utc
@@ -54,6 +55,30 @@ def test_check_item_accepts_only_what_bson_stores(
     for layout in LAYOUTS.values():  # as each layout stores it (a bucket holds it as one of its items)
         assert len(bson.encode({"d": layout.documents(CopyList([copy]))[0]})) < 16 * 1024 * 1024
     assert not any(k.startswith("$") or "." in k for k in _keys(data))
+
+
+@given(receiver=anything, sender=anything, event_time=anything, type_=anything, data=anything, key=anything,
+       oid=anything)
+def test_a_stored_item_is_the_item_the_class_builds(
+    receiver: Any, sender: Any, event_time: Any, type_: Any, data: Any, key: Any, oid: Any,
+) -> None:
+    """Built through the slots, every field is set, and the item equals, hashes and prints as FeedItem(...)'s."""
+    fields = (receiver, sender, event_time, type_, data, key, oid)
+    built = FeedItem(receiver_id=receiver, sender_id=sender, event_time=event_time, type=type_, data=data,
+                     data_key=key, id=oid)
+    stored = stored_item(*fields)
+    assert type(stored) is FeedItem and stored == built and repr(stored) == repr(built)
+    assert (stored.receiver_id, stored.sender_id, stored.event_time, stored.type, stored.data, stored.data_key,
+            stored.id) == fields
+    try:
+        expected = hash(built)
+    except TypeError:  # an unhashable field value (a list, a dict): the same refusal
+        with pytest.raises(TypeError):
+            hash(stored)
+    else:
+        assert hash(stored) == expected
+    with pytest.raises(AttributeError):  # still frozen
+        stored.data = {}  # type: ignore[misc]
 
 
 def test_flat_data_passes_without_encoding() -> None:

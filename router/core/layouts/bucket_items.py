@@ -40,7 +40,7 @@ from typing import Any
 import bson
 from bson import Int64, ObjectId
 
-from ...model import FeedItem, identity
+from ...model import FeedItem, identity, stored_item
 from ..steps import Failure, Find, Program
 from .queries import DIGEST
 
@@ -157,8 +157,8 @@ def copy_id(element: Mapping[str, Any]) -> ObjectId:
 
 def feed_item(element: Mapping[str, Any], receiver_id: int | str) -> FeedItem:
     """A bucket's element as a page shows it."""
-    return FeedItem(receiver_id=receiver_id, sender_id=element["sender_id"], event_time=element["event_time"],
-                    type=element["type"], data=element["data"], data_key=element["data_key"], id=copy_id(element))
+    return stored_item(receiver_id, element["sender_id"], element["event_time"], element["type"], element["data"],
+                       element["data_key"], copy_id(element))
 
 
 class Gathered:

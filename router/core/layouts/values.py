@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from bson import ObjectId
 
-from ...model import Activity, FeedItem, to_millis
+from ...model import Activity, FeedItem, stored_item, to_millis
 
 if TYPE_CHECKING:
     from .base import Layout
@@ -52,8 +52,8 @@ class Copy:
 
     def item(self) -> FeedItem:
         """This copy as a page shows it."""
-        return FeedItem(receiver_id=self.receiver_id, sender_id=self.sender_id, event_time=self.event_time,
-                        type=self.type, data=self.data, data_key=self.data_key, id=self.id)
+        return stored_item(self.receiver_id, self.sender_id, self.event_time, self.type, self.data, self.data_key,
+                           self.id)
 
 
 @attrs.frozen(slots=True)
