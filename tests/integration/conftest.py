@@ -98,6 +98,10 @@ MANY_COPIES = pytest.mark.unheld("javaserver", "buckets", reason="mongo-java-ser
 SECOND_SERVER = "javaserver"
 
 
+#: The front doors, in the order a test runs through them: FeedRouter, then AsyncFeedRouter behind AsyncDoor.
+DOORS = ("sync", "async")
+
+
 #: A heavy race or fault test of a contract file (tens of seconds a case) whose door and layout do not meet: the
 #: layout is the core's requests, the door the code that sends them, so it runs through each door once and in each
 #: layout once (:func:`door_layout_pairs`), not in all four pairs; the lighter contract tests run every pair
@@ -159,7 +163,7 @@ def _door_names(metafunc: pytest.Metafunc) -> tuple[str, ...]:
             return ()
     one = (backend() == SECOND_SERVER and metafunc.definition.get_closest_marker("contract") is not None
            and metafunc.definition.get_closest_marker("both_doors") is None)
-    return ("sync",) if one else ("sync", "async")
+    return DOORS[:1] if one else DOORS
 
 
 def door_layout_pairs(doors: Sequence[str], layouts: Sequence[str]) -> list[tuple[str, str]]:

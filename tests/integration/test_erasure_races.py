@@ -32,7 +32,7 @@ from harness.bench.common import with_client_options
 from harness.bench_celery import WorkerProcess
 from harness.process import checkout_env
 
-from .conftest import NOW, P1, door_layout_pairs
+from .conftest import DOORS, NOW, P1, door_layout_pairs
 from .erasure import DOORS_AND_USERS, PATIENT, USER, USERS, Clients, copies_sent, layout_config, naming
 from .test_celery import broker, broker_idle, broker_url, wait_for, workers  # noqa: F401 - fixtures
 
@@ -48,13 +48,15 @@ def post(sender: int, n: int) -> Activity:
                     data_key=data_key("race", f"{sender}/{n}"))
 
 
+#: The layouts every race here runs in (the file runs on the main server, which holds both).
+LAYOUT_NAMES = ("copies", "buckets")
 #: The heaviest races here run through each door once and in each layout once, as ``DOOR_PER_LAYOUT`` runs them in the
 #: contract files (conftest.py); the others, in every layout.
-DOOR_PER_LAYOUT = pytest.mark.parametrize(
-    ("door", "layout"), door_layout_pairs(("sync", "async"), ("copies", "buckets")), indirect=True)
+DOOR_PER_LAYOUT = pytest.mark.parametrize(("door", "layout"), door_layout_pairs(DOORS, LAYOUT_NAMES),
+                                          indirect=True)
 
 
-@pytest.fixture(params=["copies", "buckets"])
+@pytest.fixture(params=LAYOUT_NAMES)
 def layout(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
